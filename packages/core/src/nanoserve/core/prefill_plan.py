@@ -1,0 +1,90 @@
+"""PrefillPlan: chunks of prompts (and single decode tokens) flattened into one batch."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from nanoserve.core.blocks import BlockTable
+from nanoserve.core.errors import GeometryError
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillChunk:
+    """token_ids are the sequence's positions start_pos .. start_pos + len - 1."""
+
+    seq_id: int
+    token_ids: tuple[int, ...]
+    start_pos: int
+    block_table: BlockTable
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillPlan:
+    """Chunk i's tokens are input_ids[query_starts[i]:query_starts[i+1]].
+
+    context_lens counts each sequence's cached prefix plus this chunk; its rectangle row holds
+    the slots of all those positions (sink past the end), so attention sees prefix and chunk.
+    """
+
+    rows: tuple[int, ...]  # sequence id of each chunk
+    input_ids: torch.Tensor  # [tokens] int64
+    positions: torch.Tensor  # [tokens] int64
+    write_slots: torch.Tensor  # [tokens] int64
+    query_starts: tuple[int, ...]  # len(rows) + 1 offsets into the flat batch
+    context_lens: torch.Tensor  # [chunks] int64
+    slot_rect: torch.Tensor  # [chunks, width] int64
+    last_token_idx: torch.Tensor  # [chunks] int64: the flat index of each chunk's last token
+    sink_slot: int
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.input_ids.shape[0])
+
+
+def plan_prefill(
+    chunks: Sequence[PrefillChunk],
+    *,
+    sink_slot: int,
+    device: torch.device | str | None = None,
+) -> PrefillPlan:
+    if not chunks:
+        raise GeometryError("plan_prefill needs at least one chunk")
+    input_ids: list[int] = []
+    positions: list[int] = []
+    write_slots: list[torch.Tensor] = []
+    starts = [0]
+    context_lens = []
+    for chunk in chunks:
+        if not chunk.token_ids:
+            raise GeometryError(f"sequence {chunk.seq_id} has an empty chunk")
+        if chunk.start_pos < 0:
+            raise GeometryError(f"sequence {chunk.seq_id} starts at position {chunk.start_pos}")
+        end = chunk.start_pos + len(chunk.token_ids)
+        if end > chunk.block_table.capacity:
+            raise GeometryError(
+                f"sequence {chunk.seq_id} reaches position {end - 1};"
+                f" its blocks hold {chunk.block_table.capacity}"
+            )
+        input_ids.extend(chunk.token_ids)
+        positions.extend(range(chunk.start_pos, end))
+        write_slots.append(chunk.block_table.slot_ids(end, device)[chunk.start_pos :])
+        starts.append(starts[-1] + len(chunk.token_ids))
+        context_lens.append(end)
+    width = max(context_lens)
+    rect = torch.full((len(chunks), width), sink_slot, dtype=torch.int64, device=device)
+    for row, chunk in enumerate(chunks):
+        rect[row, : context_lens[row]] = chunk.block_table.slot_ids(context_lens[row], device)
+    return PrefillPlan(
+        rows=tuple(c.seq_id for c in chunks),
+        input_ids=torch.tensor(input_ids, dtype=torch.int64, device=device),
+        positions=torch.tensor(positions, dtype=torch.int64, device=device),
+        write_slots=torch.cat(write_slots),
+        query_starts=tuple(starts),
+        context_lens=torch.tensor(context_lens, dtype=torch.int64, device=device),
+        slot_rect=rect,
+        last_token_idx=torch.tensor([s - 1 for s in starts[1:]], dtype=torch.int64, device=device),
+        sink_slot=sink_slot,
+    )
