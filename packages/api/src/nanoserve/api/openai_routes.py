@@ -1,0 +1,434 @@
+"""POST /v1/completions and /v1/chat/completions, streaming or not; GET /v1/models.
+
+Handlers translate HTTP to engine calls and back. Each prompt x sample is one engine
+sequence; deltas of several prompts are merged into one stream. Leaving a stream early (a
+client gone) closes the engine iterators, which aborts their requests and frees their blocks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from litestar import Controller, Request, Response, get, post
+from litestar.params import JSONBody
+from litestar.response import ServerSentEvent
+
+from nanoserve.api.errors import APIError
+from nanoserve.api.schemas import (
+    AssistantMessage,
+    ChatChoice,
+    ChatChunkChoice,
+    ChatCompletionChunk,
+    ChatCompletionResponse,
+    ChatDelta,
+    ChatRequest,
+    ChoiceLogprobs,
+    CompletionChoice,
+    CompletionLogprobs,
+    CompletionRequest,
+    CompletionResponse,
+    ModelCard,
+    ModelList,
+    PromptTokensDetails,
+    TokenLogprob,
+    TopLogprob,
+    Usage,
+    encode,
+)
+from nanoserve.api.state import ServerState
+from nanoserve.api.translate import chat_prompt, check_model, completion_prompts, sampling_params
+from nanoserve.runtime.async_engine import RequestStream
+from nanoserve.runtime.engine import Engine
+from nanoserve.runtime.sequence import Delta
+from nanoserve.runtime.tokenizer import Tokenizer
+
+DONE = "[DONE]"
+
+
+class _Merged:
+    """Deltas of several engine requests as one stream. Each was validated and queued when
+    submitted, so refusals (a full queue, a bad prompt) surfaced before any byte was sent."""
+
+    def __init__(self, streams: list[RequestStream]) -> None:
+        self._streams = streams
+        self._queue: asyncio.Queue[tuple[int, Delta] | BaseException | None] = asyncio.Queue()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._live = len(streams)
+
+    def start(self) -> None:
+        for index, stream in enumerate(self._streams):
+            self._tasks.append(asyncio.create_task(self._pump(index, stream)))
+
+    async def _pump(self, index: int, stream: RequestStream) -> None:
+        try:
+            async for delta in stream:
+                self._queue.put_nowait((index, delta))
+        except BaseException as error:
+            self._queue.put_nowait(error)
+        finally:
+            self._queue.put_nowait(None)
+
+    async def __aiter__(self) -> AsyncIterator[tuple[int, Delta]]:
+        live = self._live
+        while live:
+            item = await self._queue.get()
+            if item is None:
+                live -= 1
+                continue
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+
+    async def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(BaseException):
+                await task
+        for stream in self._streams:
+            await stream.aclose()
+
+
+def _token_text(tokenizer: Tokenizer, token_id: int) -> str:
+    return tokenizer.decode([token_id])
+
+
+def _usage(prompt: int, completion: int, cached: int) -> Usage:
+    return Usage(
+        prompt_tokens=prompt,
+        completion_tokens=completion,
+        total_tokens=prompt + completion,
+        prompt_tokens_details=PromptTokensDetails(cached_tokens=cached),
+    )
+
+
+class _Choice:
+    """One (prompt, sample) as it accumulates."""
+
+    __slots__ = ("finish_reason", "logprobs", "text", "token_ids", "top")
+
+    def __init__(self) -> None:
+        self.text = ""
+        self.token_ids: list[int] = []
+        self.logprobs: list[float] = []
+        self.top: list[tuple[tuple[int, float], ...]] = []
+        self.finish_reason: str | None = None
+
+    def add(self, delta: Delta) -> None:
+        self.text += delta.text
+        self.token_ids.extend(delta.token_ids)
+        if delta.logprobs is not None:
+            self.logprobs.extend(delta.logprobs)
+            self.top.extend(delta.top_logprobs or ())
+        if delta.finish_reason is not None:
+            self.finish_reason = delta.finish_reason
+
+
+def _completion_logprobs(
+    tokenizer: Tokenizer, token_ids: list[int], logprobs: list[float], top: list, offset: int
+) -> CompletionLogprobs:
+    tokens = [_token_text(tokenizer, t) for t in token_ids]
+    offsets, at = [], offset
+    for token in tokens:
+        offsets.append(at)
+        at += len(token)
+    return CompletionLogprobs(
+        tokens=tokens,
+        token_logprobs=logprobs,
+        top_logprobs=[{_token_text(tokenizer, t): lp for t, lp in entry} for entry in top],
+        text_offset=offsets,
+    )
+
+
+def _chat_logprobs(
+    tokenizer: Tokenizer, token_ids: list[int], logprobs: list[float], top: list
+) -> ChoiceLogprobs:
+    content = []
+    for token_id, lp, entry in zip(token_ids, logprobs, top, strict=False):
+        text = _token_text(tokenizer, token_id)
+        content.append(
+            TokenLogprob(
+                token=text,
+                logprob=lp,
+                bytes=list(text.encode()),
+                top_logprobs=[
+                    TopLogprob(
+                        token=(t := _token_text(tokenizer, i)), logprob=v, bytes=list(t.encode())
+                    )
+                    for i, v in entry
+                ],
+            )
+        )
+    return ChoiceLogprobs(content=content)
+
+
+def _sse(data: str | bytes) -> dict[str, Any]:
+    return {"data": data.decode() if isinstance(data, bytes) else data}
+
+
+class OpenAIController(Controller):
+    path = "/v1"
+
+    @get("/models")
+    async def models(self, server: ServerState) -> ModelList:
+        engine = server.require_engine().engine
+        return ModelList(
+            data=[
+                ModelCard(
+                    id=engine.name,
+                    created=int(server.started),
+                    max_model_len=engine.config.max_model_len or 0,
+                )
+            ]
+        )
+
+    @post("/completions", status_code=200)
+    async def completions(
+        self, request: Request, data: JSONBody[CompletionRequest], server: ServerState
+    ) -> Response:
+        async_engine = server.require_engine()
+        engine = async_engine.engine
+        check_model(data, engine)
+        if data.logprobs is not None and not 0 <= data.logprobs <= 20:
+            raise APIError(400, "logprobs must be in [0, 20]", param="logprobs")
+        params = sampling_params(
+            data, max_tokens=data.max_tokens, logprobs=data.logprobs, default_max=16
+        )
+        prompts = completion_prompts(data, engine)
+        request_id = f"cmpl-{uuid.uuid4().hex}"
+        created = int(time.time())
+        streams: list[RequestStream] = []
+        try:
+            for i, (_, ids) in enumerate(prompts):
+                streams.append(async_engine.submit(f"{request_id}-{i}", ids, params))
+        except BaseException:
+            for stream in streams:
+                await stream.aclose()
+            raise
+        merged = _Merged(streams)
+        merged.start()
+        n = params.n
+        tokenizer = engine.tokenizer
+        prompt_tokens = sum(len(ids) for _, ids in prompts)
+        echo_text = [
+            (text if text is not None else tokenizer.decode(ids)) if data.echo else ""
+            for text, ids in prompts
+        ]
+
+        if data.stream:
+            include_usage = bool(data.stream_options and data.stream_options.include_usage)
+
+            async def events() -> AsyncIterator[dict[str, Any]]:
+                completion, cached, echoed = 0, 0, set()
+                try:
+                    async for prompt_index, delta in merged:
+                        index = prompt_index * n + delta.index
+                        text = delta.text
+                        if data.echo and index not in echoed:
+                            echoed.add(index)
+                            text = echo_text[prompt_index] + text
+                        completion += len(delta.token_ids)
+                        cached = max(cached, delta.cached_tokens)
+                        logprobs = None
+                        if delta.logprobs is not None:
+                            logprobs = _completion_logprobs(
+                                tokenizer,
+                                list(delta.token_ids),
+                                list(delta.logprobs),
+                                list(delta.top_logprobs or ()),
+                                0,
+                            )
+                        if not text and not delta.token_ids and delta.finish_reason is None:
+                            continue
+                        chunk = CompletionResponse(
+                            id=request_id,
+                            created=created,
+                            model=engine.name,
+                            choices=[
+                                CompletionChoice(
+                                    index=index,
+                                    text=text,
+                                    logprobs=logprobs,
+                                    finish_reason=delta.finish_reason,
+                                )
+                            ],
+                        )
+                        yield _sse(encode(chunk))
+                    if include_usage:
+                        chunk = CompletionResponse(
+                            id=request_id,
+                            created=created,
+                            model=engine.name,
+                            choices=[],
+                            usage=_usage(prompt_tokens, completion, cached),
+                        )
+                        yield _sse(encode(chunk))
+                    yield _sse(DONE)
+                finally:
+                    await merged.close()
+
+            return ServerSentEvent(events())
+
+        choices = [[_Choice() for _ in range(n)] for _ in prompts]
+        cached = 0
+        try:
+            async for prompt_index, delta in merged:
+                choices[prompt_index][delta.index].add(delta)
+                cached = max(cached, delta.cached_tokens)
+        finally:
+            await merged.close()
+        out = []
+        for p, row in enumerate(choices):
+            for i, choice in enumerate(row):
+                logprobs = None
+                if data.logprobs is not None:
+                    logprobs = _completion_logprobs(
+                        tokenizer, choice.token_ids, choice.logprobs, choice.top, len(echo_text[p])
+                    )
+                out.append(
+                    CompletionChoice(
+                        index=p * n + i,
+                        text=echo_text[p] + choice.text,
+                        logprobs=logprobs,
+                        finish_reason=choice.finish_reason,
+                    )
+                )
+        completion = sum(len(c.token_ids) for row in choices for c in row)
+        return Response(
+            CompletionResponse(
+                id=request_id,
+                created=created,
+                model=engine.name,
+                choices=out,
+                usage=_usage(prompt_tokens, completion, cached),
+            )
+        )
+
+    @post("/chat/completions", status_code=200)
+    async def chat(
+        self, request: Request, data: JSONBody[ChatRequest], server: ServerState
+    ) -> Response:
+        async_engine = server.require_engine()
+        engine = async_engine.engine
+        check_model(data, engine)
+        if data.top_logprobs is not None and not 0 <= data.top_logprobs <= 20:
+            raise APIError(400, "top_logprobs must be in [0, 20]", param="top_logprobs")
+        if data.top_logprobs and not data.logprobs:
+            raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
+        logprobs = (data.top_logprobs or 0) if data.logprobs else None
+        max_tokens = (
+            data.max_completion_tokens
+            if data.max_completion_tokens is not None
+            else data.max_tokens
+        )
+        prompt_ids = chat_prompt(data, engine)
+        default_max = max(1, (engine.config.max_model_len or 0) - len(prompt_ids))
+        params = sampling_params(
+            data, max_tokens=max_tokens, logprobs=logprobs, default_max=default_max
+        )
+        request_id = f"chatcmpl-{uuid.uuid4().hex}"
+        created = int(time.time())
+        merged = _Merged([async_engine.submit(request_id, prompt_ids, params)])
+        merged.start()
+        tokenizer = engine.tokenizer
+        n = params.n
+
+        if data.stream:
+            include_usage = bool(data.stream_options and data.stream_options.include_usage)
+
+            def chunk(choices: list[ChatChunkChoice], usage: Usage | None = None) -> dict[str, Any]:
+                return _sse(
+                    encode(
+                        ChatCompletionChunk(
+                            id=request_id,
+                            created=created,
+                            model=engine.name,
+                            choices=choices,
+                            usage=usage,
+                        )
+                    )
+                )
+
+            async def events() -> AsyncIterator[dict[str, Any]]:
+                completion, cached = 0, 0
+                try:
+                    for i in range(n):
+                        yield chunk(
+                            [
+                                ChatChunkChoice(
+                                    index=i, delta=ChatDelta(role="assistant", content="")
+                                )
+                            ]
+                        )
+                    async for _, delta in merged:
+                        completion += len(delta.token_ids)
+                        cached = max(cached, delta.cached_tokens)
+                        if (
+                            not delta.text
+                            and delta.finish_reason is None
+                            and delta.logprobs is None
+                        ):
+                            continue
+                        lp = None
+                        if delta.logprobs is not None:
+                            lp = _chat_logprobs(
+                                tokenizer,
+                                list(delta.token_ids),
+                                list(delta.logprobs),
+                                list(delta.top_logprobs or ()),
+                            )
+                        yield chunk(
+                            [
+                                ChatChunkChoice(
+                                    index=delta.index,
+                                    delta=ChatDelta(content=delta.text)
+                                    if delta.text
+                                    else ChatDelta(),
+                                    logprobs=lp,
+                                    finish_reason=delta.finish_reason,
+                                )
+                            ]
+                        )
+                    if include_usage:
+                        yield chunk([], _usage(len(prompt_ids), completion, cached))
+                    yield _sse(DONE)
+                finally:
+                    await merged.close()
+
+            return ServerSentEvent(events())
+
+        choices = [_Choice() for _ in range(n)]
+        cached = 0
+        try:
+            async for _, delta in merged:
+                choices[delta.index].add(delta)
+                cached = max(cached, delta.cached_tokens)
+        finally:
+            await merged.close()
+        return Response(
+            ChatCompletionResponse(
+                id=request_id,
+                created=created,
+                model=engine.name,
+                choices=[
+                    ChatChoice(
+                        index=i,
+                        message=AssistantMessage(content=c.text),
+                        logprobs=_chat_logprobs(tokenizer, c.token_ids, c.logprobs, c.top)
+                        if logprobs is not None
+                        else None,
+                        finish_reason=c.finish_reason,
+                    )
+                    for i, c in enumerate(choices)
+                ],
+                usage=_usage(len(prompt_ids), sum(len(c.token_ids) for c in choices), cached),
+            )
+        )
+
+
+__all__ = ["Engine", "OpenAIController"]

@@ -1,0 +1,127 @@
+"""ServerSettings: the engine's config plus the server's own, from flags or NANOSERVE_* vars.
+
+One table of options serves both the command line (`--max-batch 8`) and the environment
+(`NANOSERVE_MAX_BATCH=8`), so `litestar run` and `nanoserve serve` take the same names.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+
+from nanoserve.runtime.engine_config import EngineConfig, EngineConfigError
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]i?b?|b)?\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "b": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
+
+
+def parse_bytes(text: str) -> int:
+    """'1073741824', '512MB', '1GiB', '64M' -> bytes."""
+    match = _SIZE.match(str(text))
+    if not match:
+        raise EngineConfigError(f"{text!r} is not a size (try 512MiB, 1GB or a number of bytes)")
+    number, unit = float(match.group(1)), (match.group(2) or "").lower()
+    base = 1024 if "i" in unit else 1000
+    power = "bkmgt".index(unit[0]) if unit else 0
+    return int(number * (base**power if unit and unit[0] != "b" else 1))
+
+
+def parse_bool(text: str) -> bool:
+    lowered = str(text).strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off", ""):
+        return False
+    raise EngineConfigError(f"{text!r} is not a boolean (use 1/0, true/false)")
+
+
+@dataclass(frozen=True, slots=True)
+class Option:
+    flag: str  # --max-batch; the variable is NANOSERVE_MAX_BATCH
+    dest: str  # the field of EngineConfig or ServerSettings
+    parse: Callable[[str], object]
+    help: str
+
+    @property
+    def env(self) -> str:
+        return "NANOSERVE_" + self.flag.removeprefix("--").replace("-", "_").upper()
+
+
+OPTIONS: tuple[Option, ...] = (
+    Option("--model", "model", str, "Hugging Face directory or GGUF file (default: embedded)"),
+    Option("--dtype", "dtype", str, "float32 | bfloat16 (default float32)"),
+    Option("--device", "device", str, "cpu | cuda (default cpu)"),
+    Option("--max-batch", "max_batch", int, "rows a step may hold (default 32)"),
+    Option("--max-model-len", "max_model_len", int, "longest context served"),
+    Option("--max-num-batched-tokens", "max_num_batched_tokens", int, "token budget per step"),
+    Option("--block-size", "block_size", int, "K/V slots per block (default 16)"),
+    Option("--kv-budget", "kv_budget_bytes", parse_bytes, "bytes for the K/V pool (default 1GiB)"),
+    Option("--max-waiting", "max_waiting", int, "bounded waiting queue; beyond it, 429"),
+    Option("--width-multiple", "width_multiple", int, "width bucket step (default 64)"),
+    Option("--warm-max-rows", "warm_max_rows", int, "warm list: largest row bucket"),
+    Option("--warm-max-width", "warm_max_width", int, "warm list: widest context"),
+    Option("--warm-budget", "warm_budget_bytes", parse_bytes, "warm list: memory budget"),
+    Option("--seed", "seed", int, "seed for unseeded sampling"),
+    Option("--served-model-name", "served_model_name", str, "the `model` clients send"),
+    Option("--batch-invariant", "batch_invariant", parse_bool, "tokens ignore batch (1/0)"),
+    Option("--prefix-cache", "enable_prefix_cache", parse_bool, "prefix caching (1/0)"),
+    Option("--capture", "capture", parse_bool, "bucketed, persistent, recorded decode (1/0)"),
+    Option("--warm", "warm", parse_bool, "with --capture: record the warm list at startup"),
+    Option("--api-key", "api_key", str, "require Authorization: Bearer KEY"),
+    Option("--max-body-bytes", "max_body_bytes", parse_bytes, "request body limit (413)"),
+    Option("--grace-seconds", "grace_seconds", float, "shutdown grace for in-flight requests"),
+)
+_SERVER_FIELDS = {"api_key", "max_body_bytes", "grace_seconds", "capture"}
+
+
+@dataclass(frozen=True, slots=True)
+class ServerSettings:
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    api_key: str | None = None
+    max_body_bytes: int = 1 << 20
+    grace_seconds: float = 10.0
+
+    @classmethod
+    def from_values(cls, values: Mapping[str, object]) -> ServerSettings:
+        engine_fields = {k: v for k, v in values.items() if k not in _SERVER_FIELDS}
+        if values.get("capture"):
+            engine_fields.update(bucket_decode=True, persist_inputs=True, capture_decode=True)
+        server = {k: v for k, v in values.items() if k in _SERVER_FIELDS and k != "capture"}
+        return cls(engine=EngineConfig(**engine_fields), **server)  # type: ignore[arg-type]
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> ServerSettings:
+        environ = os.environ if environ is None else environ
+        values = {}
+        for option in OPTIONS:
+            if option.env in environ:
+                try:
+                    values[option.dest] = option.parse(environ[option.env])
+                except (ValueError, EngineConfigError) as error:
+                    raise EngineConfigError(f"{option.env}: {error}") from None
+        return cls.from_values(values)
+
+    def with_engine(self, **changes: object) -> ServerSettings:
+        return replace(self, engine=replace(self.engine, **changes))
+
+
+def add_options(parser: argparse.ArgumentParser, *, skip: tuple[str, ...] = ()) -> None:
+    for option in OPTIONS:
+        if option.flag in skip:
+            continue
+        parser.add_argument(option.flag, dest=option.dest, type=option.parse, help=option.help)
+
+
+def values_from_args(args: argparse.Namespace) -> dict[str, object]:
+    """Flags given on the command line, over NANOSERVE_* variables, over defaults."""
+    values: dict[str, object] = {}
+    for option in OPTIONS:
+        if option.env in os.environ:
+            values[option.dest] = option.parse(os.environ[option.env])
+        given = getattr(args, option.dest, None)
+        if given is not None:
+            values[option.dest] = given
+    return values

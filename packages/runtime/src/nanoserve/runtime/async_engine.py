@@ -1,0 +1,238 @@
+"""AsyncEngine: the engine's step loop beside an event loop, for the server.
+
+Forwards run on a worker thread (`asyncio.to_thread`), never on the event loop. Requests and
+aborts arrive through an inbox the step thread drains between steps, so the event loop never
+waits for a step to finish. Each request gets an async iterator of deltas; cancelling it
+aborts the request and frees its blocks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from nanoserve.runtime.engine import Engine
+from nanoserve.runtime.sampling_params import SamplingParams
+from nanoserve.runtime.scheduler import QueueFullError
+from nanoserve.runtime.sequence import Delta
+
+log = logging.getLogger("nanoserve.async_engine")
+
+
+class EngineDeadError(RuntimeError):
+    """The step loop failed; the message carries the cause."""
+
+
+class EngineClosedError(RuntimeError):
+    """The engine is shutting down and takes no new requests."""
+
+
+@dataclass(slots=True)
+class RequestTimes:
+    """What one request's stream measured, handed to the metrics observer at its end."""
+
+    arrival: float
+    first_token: float | None = None
+    token_times: list[float] = field(default_factory=list)
+    finish_reasons: list[str] = field(default_factory=list)
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+    @property
+    def ttft(self) -> float | None:
+        return None if self.first_token is None else self.first_token - self.arrival
+
+    def inter_token(self) -> list[float]:
+        return [b - a for a, b in itertools.pairwise(self.token_times)]
+
+
+class RequestStream:
+    """One request's deltas until all n samples finish. Closing it early (or cancelling a
+    wait on it) aborts the request, so its blocks are freed at once."""
+
+    def __init__(
+        self,
+        owner: AsyncEngine,
+        request_id: str,
+        queue: asyncio.Queue[Delta | BaseException],
+        n: int,
+        times: RequestTimes,
+    ) -> None:
+        self.owner = owner
+        self.request_id = request_id
+        self.remaining = n
+        self.times = times
+        self._queue = queue
+        self._closed = False
+
+    def __aiter__(self) -> RequestStream:
+        return self
+
+    async def __anext__(self) -> Delta:
+        if not self.remaining:
+            await self.aclose()
+            raise StopAsyncIteration
+        try:
+            item = await self._queue.get()
+        except BaseException:
+            await self.aclose()
+            raise
+        if isinstance(item, BaseException):
+            await self.aclose()
+            raise item
+        now = time.monotonic()
+        if item.token_ids:
+            if self.times.first_token is None:
+                self.times.first_token = now
+            self.times.token_times.append(now)
+            self.times.completion_tokens += len(item.token_ids)
+        if item.finish_reason is not None:
+            self.remaining -= 1
+            self.times.finish_reasons.append(item.finish_reason)
+        return item
+
+    async def aclose(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self.owner._closed(self)
+
+
+class AsyncEngine:
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self._inbox: deque[tuple[str, str, Sequence[int] | None, SamplingParams | None]] = deque()
+        self._streams: dict[str, asyncio.Queue[Delta | BaseException]] = {}
+        self._wake: asyncio.Event | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._closing = False
+        self.observer: Callable[[RequestTimes], None] | None = None
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        self._wake = asyncio.Event()
+        self._task = asyncio.create_task(self._loop(), name="nanoserve-engine")
+
+    async def shutdown(self, grace_seconds: float = 5.0) -> None:
+        """Stop taking requests, let in-flight ones finish within the grace, abort the rest."""
+        self._closing = True
+        deadline = time.monotonic() + grace_seconds
+        while self._streams and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        for request_id in list(self._streams):
+            self._inbox.append(("abort", request_id, None, None))
+        self._poke()
+        deadline = time.monotonic() + 2.0
+        while self._streams and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._task
+
+    @property
+    def num_in_flight(self) -> int:
+        return len(self._streams)
+
+    @property
+    def num_pending(self) -> int:
+        """Requests accepted but not yet handed to the engine."""
+        return sum(1 for op in self._inbox if op[0] == "add")
+
+    # -- requests ---------------------------------------------------------------------------
+
+    def add_request(
+        self, request_id: str, prompt_ids: Sequence[int], params: SamplingParams
+    ) -> asyncio.Queue[Delta | BaseException]:
+        """Validate now (raising the engine's named errors), run later; returns the stream."""
+        if self._closing:
+            raise EngineClosedError("the server is shutting down")
+        if self._task is None or self._task.done():
+            raise EngineDeadError("the engine loop is not running")
+        self.engine.check_request(prompt_ids, params)
+        limit = self.engine.config.max_waiting
+        pending = self.engine.num_waiting + self.num_pending
+        if limit is not None and pending >= limit:
+            raise QueueFullError(f"{pending} requests are waiting (limit {limit}); try again later")
+        if request_id in self._streams:
+            raise ValueError(f"request {request_id!r} is already in flight")
+        stream: asyncio.Queue[Delta | BaseException] = asyncio.Queue()
+        self._streams[request_id] = stream
+        self._inbox.append(("add", request_id, list(prompt_ids), params))
+        self._poke()
+        return stream
+
+    def submit(
+        self, request_id: str, prompt_ids: Sequence[int], params: SamplingParams
+    ) -> RequestStream:
+        """Validate and queue now (raising the engine's named errors); iterate for deltas."""
+        times = RequestTimes(arrival=time.monotonic(), prompt_tokens=len(prompt_ids))
+        queue = self.add_request(request_id, prompt_ids, params)
+        return RequestStream(self, request_id, queue, params.n, times)
+
+    generate = submit
+
+    def _closed(self, stream: RequestStream) -> None:
+        if stream.remaining:
+            self.abort(stream.request_id)
+        self._streams.pop(stream.request_id, None)
+        if self.observer is not None:
+            self.observer(stream.times)
+
+    def abort(self, request_id: str) -> None:
+        self._inbox.append(("abort", request_id, None, None))
+        self._poke()
+
+    # -- the loop ---------------------------------------------------------------------------
+
+    def _poke(self) -> None:
+        if self._wake is not None:
+            self._wake.set()
+
+    async def _loop(self) -> None:
+        assert self._wake is not None
+        while True:
+            if not self._inbox and not self.engine.has_unfinished:
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            try:
+                deltas = await asyncio.to_thread(self._step)
+            except Exception as error:  # a bug, not a client's mistake: fail in-flight, go on
+                log.exception("engine step failed")
+                self._fail_all(EngineDeadError(f"engine step failed: {error!r}"))
+                continue
+            for delta in deltas:
+                stream = self._streams.get(delta.request_id)
+                if stream is not None:
+                    stream.put_nowait(delta)
+
+    def _step(self) -> list[Delta]:
+        """Worker thread: apply the inbox, then one engine step."""
+        deltas: list[Delta] = []
+        while self._inbox:
+            op, request_id, prompt_ids, params = self._inbox.popleft()
+            if op == "add":
+                assert prompt_ids is not None and params is not None
+                try:
+                    self.engine.add_request(request_id, prompt_ids, params)
+                except Exception as error:
+                    stream = self._streams.get(request_id)
+                    if stream is not None:
+                        stream.put_nowait(error)
+            else:
+                deltas.extend(self.engine.abort(request_id))
+        if self.engine.has_unfinished:
+            deltas.extend(self.engine.step())
+        return deltas
+
+    def _fail_all(self, error: BaseException) -> None:
+        for request_id, stream in list(self._streams.items()):
+            stream.put_nowait(error)
+            self._inbox.append(("abort", request_id, None, None))

@@ -1,0 +1,155 @@
+"""BlockManager: the allocator plus the prefix cache, a hash chain over full blocks.
+
+A full block's key is hash((parent key, its token ids)), so a key names the whole prefix up to
+that block. The cache holds one reference on every block it names; a block whose only owner
+is the cache is evictable, least recently used first, and evicting it is what frees it.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from nanoserve.core import BlockAllocator, BlockTable, OutOfBlocksError, check_conservation
+from nanoserve.core.blocks import ConservationError
+
+
+@dataclass(slots=True)
+class PrefixCacheStats:
+    queried_tokens: int = 0
+    hit_tokens: int = 0
+
+    @property
+    def hit_rate(self) -> float:
+        return self.hit_tokens / self.queried_tokens if self.queried_tokens else 0.0
+
+
+class BlockManager:
+    def __init__(self, num_blocks: int, block_size: int, *, enable_prefix_cache: bool = True):
+        self.allocator = BlockAllocator(num_blocks)
+        self.block_size = block_size
+        self.enable_prefix_cache = enable_prefix_cache
+        self._by_key: dict[int, int] = {}  # key -> block
+        self._key_of: dict[int, int] = {}  # block -> key
+        self._tokens_of: dict[
+            int, tuple[int, ...]
+        ] = {}  # block -> its tokens, to rule out collisions
+        self._evictable: OrderedDict[int, None] = OrderedDict()  # LRU first
+        self.stats = PrefixCacheStats()
+
+    @property
+    def num_blocks(self) -> int:
+        return self.allocator.num_blocks
+
+    @property
+    def num_available(self) -> int:
+        """Blocks an allocation can get: free ones plus cached ones nobody else holds."""
+        return self.allocator.num_free + len(self._evictable)
+
+    @property
+    def num_in_use(self) -> int:
+        """Blocks held by sequences (not counting those held only by the cache)."""
+        return self.num_blocks - self.num_available
+
+    def usage(self) -> float:
+        return self.num_in_use / self.num_blocks
+
+    def can_allocate(self, count: int, watermark: int = 0) -> bool:
+        return count + watermark <= self.num_available
+
+    def allocate(self, count: int) -> list[int]:
+        if count > self.num_available:
+            raise OutOfBlocksError(
+                f"cannot get {count} blocks: {self.allocator.num_free} free,"
+                f" {len(self._evictable)} evictable, {self.num_blocks} in all"
+            )
+        while self.allocator.num_free < count:
+            self._evict_one()
+        return self.allocator.allocate(count)
+
+    def grow(self, table: BlockTable, num_tokens: int) -> None:
+        """Give table enough blocks for num_tokens positions."""
+        needed = table.blocks_needed(num_tokens)
+        if needed:
+            table.blocks.extend(self.allocate(needed))
+
+    def release(self, table: BlockTable) -> None:
+        """Drop a sequence's references; cached blocks it leaves become evictable."""
+        self.allocator.free(table.blocks)
+        for block in table.blocks:
+            if block in self._key_of and self.allocator.ref_count(block) == 1:
+                self._evictable[block] = None
+                self._evictable.move_to_end(block)
+        table.blocks.clear()
+
+    # -- prefix cache ----------------------------------------------------------------------
+
+    def match_prefix(self, token_ids: Sequence[int]) -> list[int]:
+        """Cached blocks for the longest prefix of whole blocks, each with a reference taken.
+
+        The block holding the last token is never matched: that token must be computed to give
+        logits, and its K/V must not be written into a block others share.
+        """
+        if not self.enable_prefix_cache:
+            return []
+        bs = self.block_size
+        matchable = (len(token_ids) - 1) // bs
+        blocks: list[int] = []
+        parent = 0
+        for i in range(matchable):
+            tokens = tuple(token_ids[i * bs : (i + 1) * bs])
+            key = hash((parent, tokens))
+            block = self._by_key.get(key)
+            if block is None or self._tokens_of[block] != tokens:
+                break
+            blocks.append(block)
+            parent = key
+        for block in blocks:
+            self.allocator.fork(block)
+            self._evictable.pop(block, None)
+        self.stats.queried_tokens += len(token_ids)
+        self.stats.hit_tokens += len(blocks) * bs
+        return blocks
+
+    def cache_full_blocks(
+        self, table: BlockTable, token_ids: Sequence[int], num_computed: int
+    ) -> None:
+        """Name every block whose positions are all computed, so later prompts can share it."""
+        if not self.enable_prefix_cache:
+            return
+        bs = self.block_size
+        parent = 0
+        for i in range(num_computed // bs):
+            tokens = tuple(token_ids[i * bs : (i + 1) * bs])
+            key = hash((parent, tokens))
+            block = table.blocks[i]
+            if block not in self._key_of and key not in self._by_key:
+                self.allocator.fork(block)  # the cache's own reference
+                self._by_key[key] = block
+                self._key_of[block] = key
+                self._tokens_of[block] = tokens
+            parent = key
+
+    def _evict_one(self) -> None:
+        block, _ = self._evictable.popitem(last=False)
+        key = self._key_of.pop(block)
+        del self._by_key[key]
+        del self._tokens_of[block]
+        self.allocator.free([block])
+
+    def check(self, *, idle: bool = False) -> None:
+        """Conservation, and when idle: every used block is held by the cache alone."""
+        check_conservation(self.allocator)
+        for block in self._evictable:
+            if self.allocator.ref_count(block) != 1:
+                raise ConservationError(
+                    f"evictable block {block} has {self.allocator.ref_count(block)} references"
+                )
+        if idle:
+            held = self.allocator.num_used - len(self._evictable)
+            if held:
+                raise ConservationError(
+                    f"idle, yet {held} blocks are held by sequences ({self.allocator.num_used}"
+                    f" used, {len(self._evictable)} only by the prefix cache)"
+                )

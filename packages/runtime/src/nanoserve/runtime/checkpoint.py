@@ -1,0 +1,138 @@
+"""A model on disk, opened and checked: its config, tokenizer, chat template, and tensors on demand.
+
+`load_checkpoint` accepts a Hugging Face directory or a `.gguf` file. Both are presented the same
+way: tensors under Hugging Face names in Hugging Face layout. Before a `Checkpoint` is returned,
+every tensor the config implies is checked to exist with the implied shape (from file headers,
+without reading data), so iterating `tensors()` cannot fail halfway for a malformed checkpoint.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal, Protocol
+
+import torch
+
+from nanoserve.runtime.errors import WeightsError
+from nanoserve.runtime.gguf_file import GgufFile
+from nanoserve.runtime.hf_dir import HfDir
+from nanoserve.runtime.model_config import ModelConfig
+from nanoserve.runtime.tokenizer import Tokenizer
+
+# Tensors some checkpoints carry that are derived, not learned: skipped rather than rejected.
+_IGNORED_SUFFIXES = (".rotary_emb.inv_freq",)
+
+
+class TensorSource(Protocol):
+    """Where a checkpoint's tensors come from: header shapes now, data on iteration."""
+
+    def tensor_shapes(self) -> Mapping[str, tuple[int, ...]]: ...
+
+    def iter_tensors(self, names: Sequence[str]) -> Iterator[tuple[str, torch.Tensor]]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Checkpoint:
+    path: Path
+    format: Literal["hf", "gguf"]
+    config: ModelConfig
+    tokenizer: Tokenizer
+    chat_template: str | None
+    source: TensorSource = field(repr=False, compare=False)
+
+    def tensor_shapes(self) -> dict[str, tuple[int, ...]]:
+        """Every tensor `tensors()` yields, in that order, with its shape."""
+        return expected_tensor_shapes(self.config)
+
+    def tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """`(hf_name, tensor)` one at a time, in `tensor_shapes()` order.
+
+        Hugging Face directories yield the stored dtype; GGUF files yield float32 (dequantized).
+        Each tensor is freshly read: the caller owns it and may keep, cast or drop it.
+        """
+        shapes = self.tensor_shapes()
+        for name, tensor in self.source.iter_tensors(list(shapes)):
+            if tuple(tensor.shape) != shapes[name]:  # checked at load; a changed file lands here
+                raise WeightsError(self.path, _shape_problem(name, shapes[name], tensor.shape))
+            yield name, tensor
+
+
+def load_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
+    """Open a Hugging Face directory or a `.gguf` file, and check its tensors against its config."""
+    path = Path(path)
+    source: HfDir | GgufFile
+    fmt: Literal["hf", "gguf"]
+    if path.is_dir():
+        source, fmt = HfDir.open(path), "hf"
+    elif path.is_file() and path.suffix.lower() == ".gguf":
+        source, fmt = GgufFile.open(path), "gguf"
+    elif path.exists():
+        raise WeightsError(path, "is neither a model directory nor a .gguf file")
+    else:
+        raise WeightsError(path, "no such file or directory")
+    check_tensor_shapes(path, source.config, source.tensor_shapes())
+    return Checkpoint(
+        path=path,
+        format=fmt,
+        config=source.config,
+        tokenizer=source.tokenizer,
+        chat_template=source.chat_template,
+        source=source,
+    )
+
+
+def expected_tensor_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Hugging Face tensor names -> shapes for `config`, in load order."""
+    hidden, inter = config.hidden_size, config.intermediate_size
+    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (config.vocab_size, hidden)}
+    for i in range(config.num_layers):
+        attn, mlp = f"model.layers.{i}.self_attn", f"model.layers.{i}.mlp"
+        shapes[f"{attn}.q_proj.weight"] = (config.q_size, hidden)
+        shapes[f"{attn}.k_proj.weight"] = (config.kv_size, hidden)
+        shapes[f"{attn}.v_proj.weight"] = (config.kv_size, hidden)
+        if config.attention_bias:
+            shapes[f"{attn}.q_proj.bias"] = (config.q_size,)
+            shapes[f"{attn}.k_proj.bias"] = (config.kv_size,)
+            shapes[f"{attn}.v_proj.bias"] = (config.kv_size,)
+        shapes[f"{attn}.o_proj.weight"] = (hidden, config.q_size)
+        shapes[f"{mlp}.gate_proj.weight"] = (inter, hidden)
+        shapes[f"{mlp}.up_proj.weight"] = (inter, hidden)
+        shapes[f"{mlp}.down_proj.weight"] = (hidden, inter)
+        shapes[f"model.layers.{i}.input_layernorm.weight"] = (hidden,)
+        shapes[f"model.layers.{i}.post_attention_layernorm.weight"] = (hidden,)
+    shapes["model.norm.weight"] = (hidden,)
+    if not config.tie_word_embeddings:
+        shapes["lm_head.weight"] = (config.vocab_size, hidden)
+    return shapes
+
+
+def check_tensor_shapes(
+    path: Path, config: ModelConfig, actual: Mapping[str, tuple[int, ...]]
+) -> None:
+    """Raise `WeightsError` unless `actual` holds exactly the tensors `config` implies."""
+    expected = expected_tensor_shapes(config)
+    missing = [name for name in expected if name not in actual]
+    if missing:
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        raise WeightsError(path, f"tensor {missing[0]!r} is missing{more}")
+    for name, shape in expected.items():
+        if tuple(actual[name]) != shape:
+            raise WeightsError(path, _shape_problem(name, shape, actual[name]))
+    # A tied checkpoint may still store lm_head (a copy of the embedding); it is not read.
+    allowed = {"lm_head.weight"} if config.tie_word_embeddings else set()
+    unexpected = sorted(
+        name
+        for name in actual
+        if name not in expected and name not in allowed and not name.endswith(_IGNORED_SUFFIXES)
+    )
+    if unexpected:
+        raise WeightsError(
+            path, f"holds tensors the config does not imply: {', '.join(unexpected[:5])}"
+        )
+
+
+def _shape_problem(name: str, expected: tuple[int, ...], actual: Sequence[int]) -> str:
+    return f"tensor {name!r} has shape {list(actual)}, but the config implies {list(expected)}"

@@ -1,0 +1,263 @@
+"""Engine: many requests, one model, one K/V pool. `step()` is plan → execute → sample → commit."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections import Counter
+from collections.abc import Sequence as Seq
+
+import torch
+
+from nanoserve.core import BlockTable, Shape, plan_kv_pool
+from nanoserve.core.errors import NanoserveError
+from nanoserve.core.warm_gates import check_no_cold_captures
+from nanoserve.runtime.block_manager import BlockManager, PrefixCacheStats
+from nanoserve.runtime.chat_template import ChatTemplate
+from nanoserve.runtime.engine_config import EngineConfig
+from nanoserve.runtime.graphs import Backend
+from nanoserve.runtime.kv_pool import KVPool
+from nanoserve.runtime.model import LlamaModel
+from nanoserve.runtime.runner import ModelRunner
+from nanoserve.runtime.sampler import SampleRow, sample
+from nanoserve.runtime.sampling_params import SamplingParams
+from nanoserve.runtime.scheduler import Scheduler, SchedulerOutput
+from nanoserve.runtime.sequence import Delta, Sequence, Status
+from nanoserve.runtime.tokenizer import IncrementalDetokenizer, Tokenizer
+from nanoserve.runtime.warmup import WarmupReport, warm_decode
+
+log = logging.getLogger("nanoserve.engine")
+
+
+class RequestError(NanoserveError, ValueError):
+    """A request the engine cannot serve as asked; `field` names the offending input."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+class Engine:
+    def __init__(
+        self,
+        model: LlamaModel,
+        tokenizer: Tokenizer,
+        config: EngineConfig,
+        *,
+        backend: Backend | None = None,
+        chat_template: ChatTemplate | None = None,
+        name: str = "model",
+    ) -> None:
+        if config.max_model_len is None:
+            config = config.resolved(model.config.max_position_embeddings)
+        self.model = model
+        self.tokenizer = tokenizer
+        self.config = config
+        self.chat_template = chat_template
+        self.name = name
+        self.ready_seconds: float | None = None
+        self.warm_plan: object | None = None  # build.WarmPlan, when warmed at boot
+        cfg = model.config
+        self.pool_plan = plan_kv_pool(
+            num_layers=cfg.num_layers,
+            num_kv_heads=cfg.num_kv_heads,
+            head_dim=cfg.head_dim,
+            dtype=model.dtype,
+            block_size=config.block_size,
+            budget_bytes=config.kv_budget_bytes,
+        )
+        self.pool = KVPool(self.pool_plan, model.device)
+        self.blocks = BlockManager(
+            self.pool_plan.num_blocks,
+            config.block_size,
+            enable_prefix_cache=config.enable_prefix_cache,
+        )
+        self.scheduler = Scheduler(
+            self.blocks,
+            max_batch=config.max_batch,
+            max_num_batched_tokens=config.max_num_batched_tokens,
+            max_waiting=config.max_waiting,
+        )
+        self.runner = ModelRunner(model, self.pool, config, backend)
+        self.eos_token_ids = frozenset(cfg.eos_token_ids) | frozenset(tokenizer.eos_token_ids)
+        self._requests: dict[str, list[Sequence]] = {}
+        self._seq_ids = itertools.count()
+        self.warm_report: WarmupReport | None = None
+        self.finished = Counter[str]()
+        self.prompt_tokens = 0
+        self.generation_tokens = 0
+        self.num_steps = 0
+        torch.manual_seed(config.seed)
+
+    # -- requests ---------------------------------------------------------------------------
+
+    def add_request(self, request_id: str, prompt_ids: Seq[int], params: SamplingParams) -> None:
+        if request_id in self._requests:
+            raise RequestError("request_id", f"request {request_id!r} is already running")
+        self.check_request(prompt_ids, params)
+        seqs = []
+        for index in range(params.n):
+            generator = None
+            if params.seed is not None:
+                generator = torch.Generator(device=self.pool.device).manual_seed(
+                    params.seed + index
+                )
+            seqs.append(
+                Sequence(
+                    seq_id=next(self._seq_ids),
+                    request_id=request_id,
+                    index=index,
+                    prompt_ids=list(prompt_ids),
+                    params=params,
+                    block_table=BlockTable(self.config.block_size),
+                    detokenizer=IncrementalDetokenizer(self.tokenizer, skip_special_tokens=True),
+                    eos_token_ids=self.eos_token_ids,
+                    generator=generator,
+                )
+            )
+        # Parallel samples wait for the first one's prompt, then share its cached blocks.
+        if self.config.enable_prefix_cache:
+            for seq in seqs[1:]:
+                seq.after = seqs[0].seq_id
+        self.scheduler.add(seqs)
+        self._requests[request_id] = seqs
+        self.prompt_tokens += len(prompt_ids)
+
+    def check_request(self, prompt_ids: Seq[int], params: SamplingParams) -> None:
+        max_len = self.config.max_model_len or 0
+        vocab = self.model.config.vocab_size
+        if not prompt_ids:
+            raise RequestError("prompt", "the prompt is empty")
+        if any(not 0 <= t < vocab for t in prompt_ids):
+            raise RequestError("prompt", f"prompt token ids must be in [0, {vocab})")
+        if len(prompt_ids) + params.max_tokens > max_len:
+            raise RequestError(
+                "max_tokens",
+                f"the prompt ({len(prompt_ids)} tokens) plus max_tokens ({params.max_tokens})"
+                f" exceeds max_model_len ({max_len})",
+            )
+        capacity = self.pool_plan.num_slots
+        if len(prompt_ids) + params.max_tokens > capacity:
+            raise RequestError(
+                "max_tokens",
+                f"the prompt plus max_tokens ({len(prompt_ids) + params.max_tokens} tokens)"
+                f" exceeds the K/V pool's {capacity} slots",
+            )
+        params.check_vocab(vocab)
+
+    def abort(self, request_id: str) -> list[Delta]:
+        """Finish a request now and free its blocks; returns its last deltas."""
+        deltas = []
+        for seq in self._requests.pop(request_id, []):
+            if not seq.finished:
+                seq.finish("abort")
+                self._retire(seq)
+                deltas.append(seq.take_delta())
+        return deltas
+
+    @property
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_work
+
+    @property
+    def num_running(self) -> int:
+        return len(self.scheduler.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.scheduler.waiting)
+
+    # -- the step ---------------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def step(self) -> list[Delta]:
+        out = self.scheduler.schedule()  # plan
+        for seq_id in out.preempted:
+            self.runner.release(seq_id)
+        if not out.scheduled:
+            return []
+        logits = self.runner.execute(out)  # check (at record time) + execute
+        sampling = [item.seq for item in out.scheduled if item.samples]
+        result = sample(logits, [_sample_row(s) for s in sampling])  # sample
+        self.num_steps += 1
+        return self._commit(out, sampling, result)  # commit
+
+    def _commit(self, out: SchedulerOutput, sampling: list[Sequence], result) -> list[Delta]:
+        self.scheduler.commit(out)
+        deltas = []
+        for i, seq in enumerate(sampling):
+            logprob = result.logprobs[i] if result.logprobs is not None else None
+            top = tuple(result.top_logprobs[i]) if result.top_logprobs is not None else None
+            seq.append(result.token_ids[i], logprob, top)
+            self.generation_tokens += 1
+            if seq.finished:
+                self._retire(seq)
+            deltas.append(seq.take_delta())
+        return deltas
+
+    def _retire(self, seq: Sequence) -> None:
+        self.scheduler.finish(seq)
+        self.runner.release(seq.seq_id)
+        self.finished[seq.finish_reason or "abort"] += 1
+        seqs = self._requests.get(seq.request_id)
+        if seqs is not None and all(s.finished for s in seqs):
+            del self._requests[seq.request_id]
+
+    def run_until_done(self) -> list[Delta]:
+        deltas = []
+        while self.has_unfinished:
+            deltas.extend(self.step())
+        return deltas
+
+    # -- warm-up ----------------------------------------------------------------------------
+
+    def warm_decode(self, shapes: tuple[Shape, ...], **kwargs: object) -> WarmupReport:
+        """Record shapes over all-padding batches (the door to warmup.warm_decode)."""
+        report = warm_decode(self.runner, shapes, **kwargs)  # type: ignore[arg-type]
+        self.warm_report = report
+        return report
+
+    def check_warm(self) -> None:
+        """On a warmed engine no recording was ever made in front of a client."""
+        graphs = self.runner.graphs
+        check_no_cold_captures(graphs.num_cold if graphs else 0)
+
+    # -- numbers ----------------------------------------------------------------------------
+
+    def reset_counters(self) -> None:
+        self.finished.clear()
+        self.prompt_tokens = self.generation_tokens = self.num_steps = 0
+        self.blocks.stats = PrefixCacheStats()
+
+    def render_chat(self, messages: Seq[dict], **extra: object) -> str:
+        if self.chat_template is None:
+            raise RequestError("messages", f"the model {self.name} has no chat template")
+        return self.chat_template.render(messages, add_generation_prompt=True, **extra)
+
+    def check_blocks(self) -> None:
+        self.blocks.check(idle=not self.has_unfinished)
+
+    def stats(self) -> dict[str, object]:
+        graphs = self.runner.graphs
+        return {
+            "running": self.num_running,
+            "waiting": self.num_waiting,
+            "kv_blocks_total": self.blocks.num_blocks,
+            "kv_blocks_in_use": self.blocks.num_in_use,
+            "kv_cache_usage": self.blocks.usage(),
+            "prefix_cache_hit_rate": self.blocks.stats.hit_rate,
+            "prefix_cache_queried_tokens": self.blocks.stats.queried_tokens,
+            "prefix_cache_hit_tokens": self.blocks.stats.hit_tokens,
+            "prompt_tokens": self.prompt_tokens,
+            "generation_tokens": self.generation_tokens,
+            "finished": dict(self.finished),
+            "steps": self.num_steps,
+            "graphs": graphs.stats() if graphs else None,
+        }
+
+
+def _sample_row(seq: Sequence) -> SampleRow:
+    return SampleRow(seq.params, seq.prompt_ids, seq.output_ids, seq.generator)
+
+
+__all__ = ["Engine", "RequestError", "Status"]

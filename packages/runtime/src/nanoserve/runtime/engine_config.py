@@ -1,0 +1,87 @@
+"""EngineConfig: every decision a deployment makes, in one frozen object."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+
+import torch
+
+from nanoserve.core.errors import NanoserveError
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class EngineConfigError(NanoserveError, ValueError):
+    """A configuration value is impossible; the message names the option."""
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    model: str | None = None  # a Hugging Face directory or a GGUF file; None: the embedded model
+    dtype: str = "float32"
+    device: str = "cpu"
+    max_batch: int = 32  # rows a step may hold: the scheduler's row limit and the warm list's
+    max_model_len: int | None = None  # None: the model's limit, capped at 4096
+    max_num_batched_tokens: int = 512  # a step's token budget (chunked prefill)
+    block_size: int = 16
+    kv_budget_bytes: int = 1 << 30
+    max_waiting: int = 256
+    enable_prefix_cache: bool = True
+    batch_invariant: bool = True  # a row's tokens ignore its batch and its bucket
+    bucket_decode: bool = False
+    persist_inputs: bool = False
+    capture_decode: bool = False
+    width_multiple: int = 64
+    warm: bool = True  # with capture_decode: record the warm list before serving
+    warm_max_rows: int | None = None  # None: max_batch
+    warm_max_width: int | None = None  # None: max_model_len
+    warm_budget_bytes: int | None = None  # None: the memory measured free after the pool
+    seed: int = 0
+    served_model_name: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPES:
+            raise EngineConfigError(f"dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
+        if self.device.split(":")[0] not in ("cpu", "cuda"):
+            raise EngineConfigError(f"device must be cpu or cuda, got {self.device!r}")
+        for name in ("max_batch", "max_num_batched_tokens", "block_size", "width_multiple"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise EngineConfigError(f"{name} must be a positive integer, got {value!r}")
+        for name in ("max_model_len", "warm_max_rows", "warm_max_width", "max_waiting"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value < 1):
+                raise EngineConfigError(f"{name} must be a positive integer, got {value!r}")
+        for name in ("kv_budget_bytes", "warm_budget_bytes"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value < 1):
+                raise EngineConfigError(f"{name} must be a positive number of bytes, got {value!r}")
+        if self.persist_inputs and not self.bucket_decode:
+            raise EngineConfigError(
+                "persist_inputs needs bucket_decode (buffers hold bucket shapes)"
+            )
+        if self.capture_decode and not self.persist_inputs:
+            raise EngineConfigError(
+                "capture_decode needs persist_inputs (recordings read fixed storage)"
+            )
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return DTYPES[self.dtype]
+
+    def resolved(self, model_max_len: int) -> EngineConfig:
+        """Fill the limits that depend on the model."""
+        max_len = self.max_model_len or min(model_max_len, 4096)
+        if max_len > model_max_len:
+            raise EngineConfigError(
+                f"max_model_len {max_len} exceeds the model's {model_max_len} positions"
+            )
+        return replace(
+            self,
+            max_model_len=max_len,
+            warm_max_rows=self.warm_max_rows or self.max_batch,
+            warm_max_width=min(self.warm_max_width or max_len, max_len),
+        )
+
+    def as_dict(self) -> dict[str, object]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}

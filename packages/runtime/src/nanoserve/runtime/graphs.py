@@ -1,0 +1,216 @@
+"""Recorded decode steps: one recording per bucket shape, gated before it is made and replayed.
+
+A recording keeps its argument objects forever and replays on them alone. On CUDA that is a
+`torch.cuda.CUDAGraph` (all recordings share one memory pool, recorded on a side stream); on a
+CPU it is a frozen call: the step bound to the exact plan it was recorded with. The frozen call
+is no faster, but it has a graph's semantics, so a stale frozen argument gives wrong tokens on
+a CPU exactly as it would on a GPU — which is what lets CI test every gate.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+
+from nanoserve.core import DecodePlan, Shape, SlotTable
+from nanoserve.core.capture_gates import (
+    check_addresses_stable,
+    check_mapping_is_window,
+    check_pad_inert,
+    check_plan_addressing,
+    check_pool_budget,
+    check_replay_rows,
+    check_window_intact,
+)
+from nanoserve.core.decode_buffers import BUFFER_NAMES, DecodeBuffers
+from nanoserve.core.errors import GateError
+from nanoserve.core.warm_list import warm_budget_bytes
+from nanoserve.runtime.kv_pool import CacheRows
+
+StepFn = Callable[[DecodePlan, CacheRows], torch.Tensor]
+
+
+class UnrecordedShapeError(GateError):
+    """replay was asked for a shape that has no recording."""
+
+
+class RecordingArgumentsError(GateError):
+    """replay was handed arguments that are not the recorded objects' storage."""
+
+
+class Backend(Protocol):
+    name: str
+
+    def record(
+        self, fn: StepFn, args: tuple[DecodePlan, CacheRows]
+    ) -> tuple[torch.Tensor, Any]: ...
+
+    def replay(self, handle: Any) -> torch.Tensor: ...
+
+    def pool_bytes(self) -> int: ...
+
+
+class FrozenCallBackend:
+    """The step bound at record time to the exact plan object, and replayed on it alone."""
+
+    name = "frozen-call"
+
+    def record(self, fn: StepFn, args: tuple[DecodePlan, CacheRows]) -> tuple[torch.Tensor, Any]:
+        return fn(*args), (fn, args)
+
+    def replay(self, handle: Any) -> torch.Tensor:
+        fn, args = handle
+        return fn(*args)
+
+    def pool_bytes(self) -> int:
+        return 0
+
+
+class CudaGraphBackend:
+    """torch.cuda.CUDAGraph recordings sharing one memory pool, recorded on a side stream."""
+
+    name = "cuda-graph"
+
+    def __init__(self) -> None:
+        self._pool = torch.cuda.graph_pool_handle()
+        self._stream = torch.cuda.Stream()
+        self._baseline = torch.cuda.memory_reserved()
+
+    def record(self, fn: StepFn, args: tuple[DecodePlan, CacheRows]) -> tuple[torch.Tensor, Any]:
+        stream = self._stream
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            fn(*args)  # an eager pass first: lazy allocations (the K/V pool) happen outside
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._pool, stream=stream):
+            output = fn(*args)
+        graph.replay()
+        return output, (graph, output)
+
+    def replay(self, handle: Any) -> torch.Tensor:
+        graph, output = handle
+        graph.replay()
+        return output
+
+    def pool_bytes(self) -> int:
+        return max(0, torch.cuda.memory_reserved() - self._baseline)
+
+
+def default_backend(device: torch.device) -> Backend:
+    if device.type == "cuda" and torch.cuda.is_available():
+        return CudaGraphBackend()
+    return FrozenCallBackend()
+
+
+@dataclass(frozen=True, slots=True)
+class Recording:
+    shape: Shape
+    rows: tuple[int, ...]  # the row set it froze; () is unbound (a warm recording)
+    plan: DecodePlan  # the argument objects it holds, with `cache`
+    cache: CacheRows
+    addresses: dict[str, int]
+    handle: Any
+    seconds: float
+    cold: bool  # made while requests were in flight
+    needed_bytes: int
+
+
+class DecodeGraphs:
+    """The recordings of one engine, and the counters /metrics reports."""
+
+    def __init__(
+        self,
+        step: StepFn,
+        table: SlotTable,
+        buffers: DecodeBuffers,
+        *,
+        backend: Backend,
+        num_heads: int,
+        budget_bytes: Callable[[], int],
+    ) -> None:
+        self._step = step
+        self.table = table
+        self.buffers = buffers
+        self.backend = backend
+        self.num_heads = num_heads
+        self._budget_bytes = budget_bytes
+        self.recordings: dict[Shape, Recording] = {}
+        self._baseline = self.addresses()
+        self.num_recorded = 0
+        self.num_cold = 0
+        self.num_replays = 0
+
+    def addresses(self) -> dict[str, int]:
+        return {**self.buffers.addresses(), "slot_table": self.table.address}
+
+    def can_replay(self, plan: DecodePlan) -> bool:
+        recording = self.recordings.get(Shape(*plan.shape))
+        return recording is not None and (not recording.rows or recording.rows == plan.rows)
+
+    def record(self, plan: DecodePlan, cache: CacheRows, *, cold: bool) -> torch.Tensor:
+        """Gate, then record plan's step over cache; returns the logits of the recording run."""
+        shape = Shape(*plan.shape)
+        needed = warm_budget_bytes(shape.rows, self.num_heads, shape.width)
+        check_pad_inert(plan)
+        check_mapping_is_window(plan, self.table)
+        check_window_intact(plan, self.table)
+        check_plan_addressing(plan)
+        check_addresses_stable(self._baseline, self.addresses())
+        check_pool_budget(needed, self._budget_bytes())
+        started = time.perf_counter()
+        output, handle = self.backend.record(self._step, (plan, cache))
+        seconds = time.perf_counter() - started
+        self.recordings[shape] = Recording(
+            shape, cache.rows, plan, cache, self.addresses(), handle, seconds, cold, needed
+        )
+        self.num_recorded += 1
+        self.num_cold += int(cold)
+        return output
+
+    def replay(self, plan: DecodePlan) -> torch.Tensor:
+        shape = Shape(*plan.shape)
+        recording = self.recordings.get(shape)
+        if recording is None:
+            raise UnrecordedShapeError(
+                f"no recording of {shape}; recorded: {sorted(self.recordings, reverse=True)[:4]}"
+            )
+        check_replay_rows(recording.rows, plan)
+        check_addresses_stable(recording.addresses, self.addresses())
+        _check_same_arguments(recording.plan, plan)
+        self.num_replays += 1
+        return self.backend.replay(recording.handle)
+
+    def run(self, plan: DecodePlan, cache: CacheRows, *, cold: bool) -> torch.Tensor:
+        """Replay the shape's recording; record it first (lazily) when none serves these rows."""
+        if self.can_replay(plan):
+            return self.replay(plan)
+        return self.record(plan, cache, cold=cold)
+
+    def stats(self) -> dict[str, int | float | str]:
+        pool = self.backend.pool_bytes()
+        needed = sum(r.needed_bytes for r in self.recordings.values())
+        return {
+            "backend": self.backend.name,
+            "recordings": self.num_recorded,
+            "cold_recordings": self.num_cold,
+            "replays": self.num_replays,
+            "shapes": len(self.recordings),
+            "pool_bytes": pool,
+            "pool_sharing_ratio": needed / pool if pool else 0.0,
+        }
+
+
+def _check_same_arguments(recorded: DecodePlan, plan: DecodePlan) -> None:
+    """The replayed step reads the recorded objects: plan must be views on the same storage."""
+    for name in (*BUFFER_NAMES, "slot_rect"):
+        old, new = getattr(recorded, name), getattr(plan, name)
+        if (old.data_ptr(), old.shape, old.stride()) != (new.data_ptr(), new.shape, new.stride()):
+            raise RecordingArgumentsError(
+                f"{name}: the recording holds {tuple(old.shape)} at {old.data_ptr():#x};"
+                f" this step's is {tuple(new.shape)} at {new.data_ptr():#x}"
+            )

@@ -1,0 +1,143 @@
+"""KVPool: each layer's K and V for every slot plus the sink, allocated on first write."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from nanoserve.core import (
+    DecodePlan,
+    KVPoolPlan,
+    PrefillPlan,
+    paged_decode_attention,
+    paged_prefill_attention,
+)
+from nanoserve.core.errors import GeometryError
+
+
+class KVPool:
+    """Layer l's K/V live in one tensor [2, num_slots + 1, kv_heads, head_dim].
+
+    K and V share a tensor so a layer's write is one index_put. The last entry is the sink slot:
+    padded rows write there and no block table names it. A layer's storage appears on its
+    first write (`_ensure_pool`), so a warm-up's throwaway writes make the pool resident before
+    the first request.
+    """
+
+    def __init__(self, plan: KVPoolPlan, device: torch.device | str = "cpu") -> None:
+        self.plan = plan
+        self.device = torch.device(device)
+        self._layers: list[torch.Tensor | None] = [None] * plan.num_layers
+
+    @property
+    def resident(self) -> bool:
+        return all(layer is not None for layer in self._layers)
+
+    @property
+    def resident_bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self._layers if t is not None)
+
+    def _ensure_pool(self, layer: int) -> torch.Tensor:
+        pool = self._layers[layer]
+        if pool is None:
+            shape = (2, self.plan.num_slots + 1, self.plan.num_kv_heads, self.plan.head_dim)
+            pool = torch.zeros(shape, dtype=self.plan.dtype, device=self.device)
+            self._layers[layer] = pool
+        return pool
+
+    def write(
+        self,
+        layer: int,
+        slots: torch.Tensor,  # [tokens]
+        k: torch.Tensor,  # [tokens, kv_heads, head_dim]
+        v: torch.Tensor,  # [tokens, kv_heads, head_dim]
+    ) -> None:
+        pool = self._ensure_pool(layer)
+        pool[:, slots] = torch.stack((k, v)).to(pool.dtype)
+
+    def layer(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(k_pool, v_pool) of a layer, each [num_slots + 1, kv_heads, head_dim]."""
+        pool = self._ensure_pool(layer)
+        return pool[0], pool[1]
+
+    def pools(self) -> list[torch.Tensor]:
+        """Every resident layer's K and V, each [num_slots + 1, kv_heads, head_dim]."""
+        return [kv for t in self._layers if t is not None for kv in (t[0], t[1])]
+
+    def snapshot(self) -> list[torch.Tensor]:
+        """Copies of pools(), for the warm-up's before/after comparison."""
+        return [t.clone() for t in self.pools()]
+
+    def check_slots(self, slots: torch.Tensor) -> None:
+        if slots.numel() and (int(slots.min()) < 0 or int(slots.max()) > self.plan.sink_slot):
+            raise GeometryError(
+                f"slots {int(slots.min())}..{int(slots.max())} fall outside 0..{self.plan.sink_slot}"
+            )
+
+    def view(self, rows: tuple[int, ...]) -> CacheRows:
+        """The cache as a scheduled step sees it. A scheduled view over no rows is a forward
+        with nothing in it, so it is refused; the warm-up says what it means with `warm()`."""
+        if not rows:
+            raise EmptySelectionError("a scheduled cache view needs at least one row")
+        return CacheRows(self, rows)
+
+    def warm(self) -> CacheRows:
+        """The empty selection: "the rows this plan addresses", which on a warm plan is none."""
+        return CacheRows(self, ())
+
+
+class EmptySelectionError(GeometryError):
+    """A scheduled view over no rows."""
+
+
+class CacheRowsError(GeometryError):
+    """A bound cache view was used with a plan over other rows."""
+
+
+@dataclass(frozen=True, slots=True)
+class CacheRows:
+    """The pool seen through one row selection. A non-empty selection must be the plan's rows;
+    an empty one reads every row of the plan, padded rows included (masked, writing the sink)."""
+
+    pool: KVPool
+    rows: tuple[int, ...]
+
+    def _check(self, plan_rows: tuple[int, ...]) -> None:
+        if self.rows and self.rows != plan_rows:
+            raise CacheRowsError(f"a view bound to rows {self.rows} used for rows {plan_rows}")
+
+    def write(
+        self, layer: int, plan: DecodePlan | PrefillPlan, k: torch.Tensor, v: torch.Tensor
+    ) -> None:
+        self._check(plan.rows)
+        self.pool.write(layer, plan.write_slots, k, v)
+
+    def paged_attention(
+        self,
+        layer: int,
+        q: torch.Tensor,  # [tokens, heads, head_dim]
+        plan: DecodePlan | PrefillPlan,
+        scale: float,
+        accum_dtype: torch.dtype,
+    ) -> torch.Tensor:
+        self._check(plan.rows)
+        k_pool, v_pool = self.pool.layer(layer)
+        if isinstance(plan, DecodePlan):
+            return paged_decode_attention(
+                q, k_pool, v_pool, plan.slot_rect, plan.context_lens, scale, accum_dtype
+            )
+        return paged_prefill_attention(
+            q,
+            k_pool,
+            v_pool,
+            plan.query_starts,
+            plan.context_lens.tolist(),
+            plan.slot_rect,
+            scale,
+            accum_dtype,
+        )
+
+    def num_logit_rows(self, plan: DecodePlan) -> int:
+        """Logits come back for the selected rows; the empty selection means all of them."""
+        return len(self.rows) if self.rows else plan.num_rows

@@ -1,0 +1,175 @@
+"""The Llama family's forward over a flat batch, with every K/V read and written via the pool.
+
+One forward takes either a DecodePlan (one token per row; the step that is bucketed and
+recorded) or a PrefillPlan (chunks of prompts, and decode rows as chunks of one token). Each
+layer writes the new K/V with one index_put, then attends through core's paged attention.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from nanoserve.core import DecodePlan, PrefillPlan
+from nanoserve.runtime.errors import WeightsError
+from nanoserve.runtime.kv_pool import CacheRows
+from nanoserve.runtime.model_config import ModelConfig, rope_inv_freq
+
+# fp32 GEMM rows in a tail of 1-3 past a multiple of 8 take another kernel (different low
+# bits); at a multiple of 4 every row's result is independent of the batch it sits in.
+INVARIANT_ROW_TILE = 4
+
+
+@dataclass(slots=True)
+class LayerWeights:
+    qkv: torch.Tensor  # [(heads + 2 * kv_heads) * head_dim, hidden]
+    qkv_bias: torch.Tensor | None
+    o: torch.Tensor  # [hidden, heads * head_dim]
+    gate_up: torch.Tensor  # [2 * intermediate, hidden]
+    down: torch.Tensor  # [hidden, intermediate]
+    input_norm: torch.Tensor  # [hidden]
+    post_norm: torch.Tensor  # [hidden]
+
+
+class LlamaModel:
+    """Weights and the forward. Holds no per-request state: that lives in the plan and pool."""
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        weights: dict[str, torch.Tensor],
+        *,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+        batch_invariant: bool = True,
+        max_positions: int | None = None,
+    ) -> None:
+        self.config = config
+        self.dtype = dtype
+        self.device = torch.device(device)
+        self.batch_invariant = batch_invariant
+        # Attention reduces in float64 in invariant mode so padding width and kernel shape
+        # leave no trace once rounded back; bf16 attention is slow on CPU, so never below fp32.
+        self.accum_dtype = torch.float64 if batch_invariant else torch.float32
+        self.scale = config.head_dim**-0.5
+
+        def take(name: str) -> torch.Tensor:
+            try:
+                tensor = weights.pop(name)
+            except KeyError:
+                raise WeightsError("checkpoint", f"weight {name} is missing") from None
+            return tensor.to(device=self.device, dtype=dtype)
+
+        def take_optional(name: str) -> torch.Tensor | None:
+            return take(name) if name in weights else None
+
+        self.embed = take("model.embed_tokens.weight")  # [vocab, hidden]
+        self.layers: list[LayerWeights] = []
+        for i in range(config.num_layers):
+            p = f"model.layers.{i}."
+            q, k, v = (take(f"{p}self_attn.{n}_proj.weight") for n in "qkv")
+            biases = [take_optional(f"{p}self_attn.{n}_proj.bias") for n in "qkv"]
+            self.layers.append(
+                LayerWeights(
+                    qkv=torch.cat((q, k, v)),
+                    qkv_bias=torch.cat(biases) if biases[0] is not None else None,  # type: ignore[arg-type]
+                    o=take(f"{p}self_attn.o_proj.weight"),
+                    gate_up=torch.cat(
+                        (take(f"{p}mlp.gate_proj.weight"), take(f"{p}mlp.up_proj.weight"))
+                    ),
+                    down=take(f"{p}mlp.down_proj.weight"),
+                    input_norm=take(f"{p}input_layernorm.weight"),
+                    post_norm=take(f"{p}post_attention_layernorm.weight"),
+                )
+            )
+        self.norm = take("model.norm.weight")
+        lm_head = take_optional("lm_head.weight")
+        self.lm_head = self.embed if lm_head is None or config.tie_word_embeddings else lm_head
+        inv_freq = rope_inv_freq(config).to(self.device, torch.float32)  # [head_dim / 2]
+        # The rotary table covers what the deployment serves, not a 128k-position config.
+        positions = min(config.max_position_embeddings, max_positions or 1 << 62)
+        t = torch.arange(positions, device=self.device, dtype=torch.float32)
+        freqs = torch.outer(t, inv_freq)  # [max_pos, head_dim / 2]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        self.cos = emb.cos()  # [max_pos, head_dim]
+        self.sin = emb.sin()
+
+    @classmethod
+    def from_tensors(
+        cls,
+        config: ModelConfig,
+        tensors: Iterable[tuple[str, torch.Tensor]],
+        **kwargs: object,
+    ) -> LlamaModel:
+        """Build from (name, tensor) pairs; each is cast and placed once, then dropped."""
+        return cls(config, dict(tensors), **kwargs)  # type: ignore[arg-type]
+
+    # -- pieces ---------------------------------------------------------------------------
+
+    def _linear(
+        self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        rows = x.shape[0]
+        pad = -rows % INVARIANT_ROW_TILE
+        if self.batch_invariant and pad and x.dtype == torch.float32:
+            x = torch.cat((x, x.new_zeros(pad, x.shape[1])))
+            return F.linear(x, w, b)[:rows]
+        return F.linear(x, w, b)
+
+    def _rms_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.config.rms_norm_eps)
+        return weight * xf.to(x.dtype)
+
+    def _rotate(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        # x: [tokens, heads, head_dim]; Hugging Face layout: rotate the two halves.
+        cos = self.cos[positions][:, None, :]  # [tokens, 1, head_dim]
+        sin = self.sin[positions][:, None, :]
+        half = x.shape[-1] // 2
+        rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+        return (x.float() * cos + rotated.float() * sin).to(x.dtype)
+
+    # -- forward --------------------------------------------------------------------------
+
+    def forward(
+        self,
+        plan: DecodePlan | PrefillPlan,
+        cache: CacheRows,
+        logit_rows: torch.Tensor | slice | None = None,
+    ) -> torch.Tensor:
+        """Logits (float32) of the selected rows of the flat batch: [selected, vocab].
+
+        `logit_rows` defaults to a decode plan's rows as the cache view selects them, and to
+        each chunk's last token of a prefill plan.
+        """
+        cfg = self.config
+        heads, kv_heads, head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        x = self.embed[plan.input_ids]  # [tokens, hidden]
+        tokens = x.shape[0]
+        q_size, kv_size = heads * head_dim, kv_heads * head_dim
+        for index, layer in enumerate(self.layers):
+            h = self._rms_norm(x, layer.input_norm)
+            qkv = self._linear(h, layer.qkv, layer.qkv_bias)  # [tokens, q + 2 kv]
+            q = qkv[:, :q_size].view(tokens, heads, head_dim)
+            k = qkv[:, q_size : q_size + kv_size].view(tokens, kv_heads, head_dim)
+            v = qkv[:, q_size + kv_size :].view(tokens, kv_heads, head_dim)
+            q = self._rotate(q, plan.positions)
+            k = self._rotate(k, plan.positions)
+            cache.write(index, plan, k, v)
+            attn = cache.paged_attention(index, q, plan, self.scale, self.accum_dtype)
+            attn = attn.to(x.dtype).reshape(tokens, q_size)
+            x = x + self._linear(attn, layer.o)
+            h = self._rms_norm(x, layer.post_norm)
+            gate_up = self._linear(h, layer.gate_up)  # [tokens, 2 * intermediate]
+            gate, up = gate_up.chunk(2, dim=-1)
+            x = x + self._linear(F.silu(gate) * up, layer.down)
+        if logit_rows is None:
+            if isinstance(plan, DecodePlan):
+                logit_rows = slice(0, cache.num_logit_rows(plan))
+            else:
+                logit_rows = plan.last_token_idx
+        x = self._rms_norm(x[logit_rows], self.norm)
+        return self._linear(x, self.lm_head).float()

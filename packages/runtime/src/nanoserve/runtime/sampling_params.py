@@ -1,0 +1,112 @@
+"""SamplingParams: what a request asks of the sampler, validated once at the door."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from nanoserve.core.errors import NanoserveError
+
+MAX_TOP_LOGPROBS = 20
+
+
+class SamplingParamsError(NanoserveError, ValueError):
+    """A sampling field is out of range; `field` names it (the API maps it to `param`)."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    max_tokens: int = 16
+    temperature: float = 1.0  # 0 is greedy
+    top_p: float = 1.0
+    top_k: int = 0  # 0 (or -1) is off
+    min_p: float = 0.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: Mapping[int, float] = field(default_factory=dict)
+    logprobs: int | None = None  # None: none; 0: the chosen token's; k: and the top k
+    n: int = 1
+
+    def __post_init__(self) -> None:
+        if isinstance(self.stop, str):
+            object.__setattr__(self, "stop", (self.stop,))
+        object.__setattr__(self, "stop", tuple(self.stop))
+        object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
+        if self.top_k == -1:
+            object.__setattr__(self, "top_k", 0)
+        self.validate()
+
+    def validate(self) -> None:
+        def bad(name: str, message: str) -> SamplingParamsError:
+            return SamplingParamsError(name, f"{message}, got {getattr(self, name)!r}")
+
+        if not _is_int(self.max_tokens) or self.max_tokens < 1:
+            raise bad("max_tokens", "must be an integer >= 1")
+        if not _in_range(self.temperature, 0.0, 2.0):
+            raise bad("temperature", "must be in [0, 2]")
+        if not _is_number(self.top_p) or not 0.0 < self.top_p <= 1.0:
+            raise bad("top_p", "must be in (0, 1]")
+        if not _is_int(self.top_k) or self.top_k < 0:
+            raise bad("top_k", "must be -1, 0 (off) or a positive integer")
+        if not _in_range(self.min_p, 0.0, 1.0):
+            raise bad("min_p", "must be in [0, 1]")
+        if self.seed is not None and not _is_int(self.seed):
+            raise bad("seed", "must be an integer")
+        if not _in_range(self.presence_penalty, -2.0, 2.0):
+            raise bad("presence_penalty", "must be in [-2, 2]")
+        if not _in_range(self.frequency_penalty, -2.0, 2.0):
+            raise bad("frequency_penalty", "must be in [-2, 2]")
+        if not _is_number(self.repetition_penalty) or not 0.0 < self.repetition_penalty <= 2.0:
+            raise bad("repetition_penalty", "must be in (0, 2]")
+        if self.logprobs is not None and (
+            not _is_int(self.logprobs) or not 0 <= self.logprobs <= MAX_TOP_LOGPROBS
+        ):
+            raise bad("logprobs", f"must be an integer in [0, {MAX_TOP_LOGPROBS}]")
+        if not _is_int(self.n) or not 1 <= self.n <= 64:
+            raise bad("n", "must be an integer in [1, 64]")
+        if any(not isinstance(s, str) or not s for s in self.stop) or len(self.stop) > 16:
+            raise bad("stop", "must be up to 16 non-empty strings")
+        if any(not _is_int(t) or t < 0 for t in self.stop_token_ids):
+            raise bad("stop_token_ids", "must be non-negative integers")
+        if not isinstance(self.logit_bias, Mapping):
+            raise bad("logit_bias", "must map token ids to biases")
+        for token, bias in self.logit_bias.items():
+            if not _is_int(token) or token < 0 or not _in_range(bias, -100.0, 100.0):
+                raise SamplingParamsError(
+                    "logit_bias", f"token {token!r} bias {bias!r}: tokens >= 0, bias in [-100, 100]"
+                )
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    def check_vocab(self, vocab_size: int) -> None:
+        """Token ids named by the request must exist in the model's vocabulary."""
+        for token in (*self.logit_bias, *self.stop_token_ids):
+            if token >= vocab_size:
+                raise SamplingParamsError(
+                    "logit_bias" if token in self.logit_bias else "stop_token_ids",
+                    f"token {token} is outside the vocabulary of {vocab_size}",
+                )
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _in_range(value: object, low: float, high: float) -> bool:
+    """A real number in [low, high]; NaN, strings and None are not."""
+    return _is_number(value) and low <= value <= high  # type: ignore[operator]

@@ -1,0 +1,165 @@
+"""Scheduler: which sequences run this step, and how many of their tokens.
+
+Running sequences go first, oldest first: each computes its uncomputed tokens (one, for a
+decoding sequence; a chunk, for a prompt) within the step's token budget. Waiting sequences
+are admitted while rows, budget and blocks last. When the pool runs dry mid-decode, the most
+recently admitted sequence is preempted: its blocks are freed and it is recomputed later.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from nanoserve.core.errors import NanoserveError
+from nanoserve.runtime.block_manager import BlockManager
+from nanoserve.runtime.sequence import Sequence, Status
+
+
+class QueueFullError(NanoserveError):
+    """The waiting queue is at its bound: try again later (the API answers 429)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduledSeq:
+    seq: Sequence
+    num_new: int  # tokens computed this step, from seq.num_computed on
+
+    @property
+    def samples(self) -> bool:
+        """This chunk reaches the sequence's last token, so its logits give the next one."""
+        return self.seq.num_computed + self.num_new == self.seq.num_tokens
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerOutput:
+    scheduled: tuple[ScheduledSeq, ...]  # running order: decodes and chunks together
+    preempted: tuple[int, ...]  # seq ids sent back to waiting this step
+
+    @property
+    def is_decode_only(self) -> bool:
+        """Every row feeds exactly one token: the shape the bucketed, recorded path takes."""
+        return all(s.num_new == 1 and s.samples for s in self.scheduled)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(s.num_new for s in self.scheduled)
+
+
+class Scheduler:
+    def __init__(
+        self,
+        blocks: BlockManager,
+        *,
+        max_batch: int,
+        max_num_batched_tokens: int,
+        max_waiting: int | None = None,
+        watermark_blocks: int = 1,
+    ) -> None:
+        self.blocks = blocks
+        self.max_batch = max_batch
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_waiting = max_waiting
+        self.watermark_blocks = watermark_blocks
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []  # admission order
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def add(self, seqs: Iterable[Sequence]) -> None:
+        seqs = list(seqs)
+        if self.max_waiting is not None and len(self.waiting) + len(seqs) > self.max_waiting:
+            raise QueueFullError(
+                f"the waiting queue holds {len(self.waiting)} of {self.max_waiting}; try again later"
+            )
+        self.waiting.extend(seqs)
+
+    def schedule(self) -> SchedulerOutput:
+        budget = self.max_num_batched_tokens
+        scheduled: list[ScheduledSeq] = []
+        preempted: list[int] = []
+        index = 0
+        while index < len(self.running) and budget > 0:
+            seq = self.running[index]
+            num_new = min(seq.uncomputed, budget)
+            if not self._reserve(seq, num_new, scheduled, preempted):
+                break  # seq itself was preempted: it was the newest
+            scheduled.append(ScheduledSeq(seq, num_new))
+            budget -= num_new
+            index += 1
+        if not preempted:
+            self._admit(budget, scheduled)
+        return SchedulerOutput(tuple(scheduled), tuple(preempted))
+
+    def _reserve(
+        self, seq: Sequence, num_new: int, scheduled: list[ScheduledSeq], preempted: list[int]
+    ) -> bool:
+        """Blocks for seq's next num_new tokens, preempting the newest running sequences."""
+        while True:
+            needed = seq.block_table.blocks_needed(seq.num_computed + num_new)
+            if self.blocks.can_allocate(needed):
+                self.blocks.grow(seq.block_table, seq.num_computed + num_new)
+                return True
+            victim = self.running[-1]
+            self._preempt(victim)
+            preempted.append(victim.seq_id)
+            if victim is seq:
+                return False
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.running.remove(seq)
+        self.blocks.release(seq.block_table)
+        seq.num_computed = 0
+        seq.num_cached = 0
+        seq.status = Status.WAITING
+        self.waiting.appendleft(seq)
+
+    def _admit(self, budget: int, scheduled: list[ScheduledSeq]) -> None:
+        while self.waiting and budget > 0 and len(self.running) < self.max_batch:
+            seq = self.waiting[0]
+            if seq.after is not None and not self._sibling_cached(seq.after):
+                break
+            tokens = seq.token_ids()
+            cached = self.blocks.match_prefix(tokens)
+            seq.block_table.blocks = cached
+            seq.num_computed = seq.num_cached = len(cached) * self.blocks.block_size
+            num_new = min(seq.uncomputed, budget)
+            needed = seq.block_table.blocks_needed(seq.num_computed + num_new)
+            if not self.blocks.can_allocate(needed, self.watermark_blocks):
+                self.blocks.release(seq.block_table)
+                seq.num_computed = seq.num_cached = 0
+                break
+            self.blocks.grow(seq.block_table, seq.num_computed + num_new)
+            self.waiting.popleft()
+            seq.status = Status.RUNNING
+            self.running.append(seq)
+            scheduled.append(ScheduledSeq(seq, num_new))
+            budget -= num_new
+
+    def _sibling_cached(self, seq_id: int) -> bool:
+        """A parallel sample starts once its first sibling's prompt is computed (and cached)."""
+        for seq in self.running:
+            if seq.seq_id == seq_id:
+                return seq.num_computed >= len(seq.prompt_ids)
+        return True  # finished, aborted or preempted: nothing to wait for
+
+    def commit(self, out: SchedulerOutput) -> None:
+        """After a step: advance computed counts, cache full blocks, retire finished ones."""
+        for item in out.scheduled:
+            seq = item.seq
+            if seq.finished:
+                continue
+            seq.num_computed += item.num_new
+            self.blocks.cache_full_blocks(seq.block_table, seq.token_ids(), seq.num_computed)
+
+    def finish(self, seq: Sequence) -> None:
+        """Free a finished or aborted sequence at once."""
+        if seq in self.running:
+            self.running.remove(seq)
+            self.blocks.release(seq.block_table)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+            self.blocks.release(seq.block_table)

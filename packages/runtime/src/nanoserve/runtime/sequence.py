@@ -1,0 +1,160 @@
+"""Sequence: one sample of one request — its tokens, its blocks, and what it has emitted."""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from nanoserve.core import BlockTable
+from nanoserve.runtime.sampling_params import SamplingParams
+from nanoserve.runtime.tokenizer import IncrementalDetokenizer, Tokenizer
+
+
+class Status(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass(frozen=True, slots=True)
+class Delta:
+    """What one step added to one sequence: the unit a stream carries."""
+
+    request_id: str
+    index: int  # which of the request's n samples
+    text: str
+    token_ids: tuple[int, ...]
+    logprobs: tuple[float, ...] | None
+    top_logprobs: tuple[tuple[tuple[int, float], ...], ...] | None
+    finish_reason: str | None  # "stop" | "length" | "abort" | None while running
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int = 0
+
+
+@dataclass(slots=True)
+class Sequence:
+    seq_id: int
+    request_id: str
+    index: int
+    prompt_ids: list[int]
+    params: SamplingParams
+    block_table: BlockTable
+    detokenizer: IncrementalDetokenizer
+    eos_token_ids: frozenset[int]
+    generator: torch.Generator | None = None
+    after: int | None = None  # a sibling whose prompt must be cached before this one starts
+    output_ids: list[int] = field(default_factory=list)
+    num_computed: int = 0
+    num_cached: int = 0
+    status: Status = Status.WAITING
+    finish_reason: str | None = None
+    text: str = ""  # decoded output so far, stop strings not yet cut
+    emitted: int = 0  # how much of text has been handed out
+    arrival: float = field(default_factory=time.monotonic)
+    first_token_at: float | None = None
+    # Appended by commit, drained by the delta of this step.
+    pending_ids: list[int] = field(default_factory=list)
+    pending_logprobs: list[float] = field(default_factory=list)
+    pending_top: list[tuple[tuple[int, float], ...]] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_ids) + len(self.output_ids)
+
+    @property
+    def uncomputed(self) -> int:
+        return self.num_tokens - self.num_computed
+
+    @property
+    def finished(self) -> bool:
+        return self.status is Status.FINISHED
+
+    def token_ids(self) -> list[int]:
+        return self.prompt_ids + self.output_ids
+
+    def append(self, token_id: int, logprob: float | None, top: tuple | None) -> None:
+        """Take a sampled token; finish on eos, a stop token, a stop string or max_tokens."""
+        self.output_ids.append(token_id)
+        self.pending_ids.append(token_id)
+        if logprob is not None:
+            self.pending_logprobs.append(logprob)
+            self.pending_top.append(top or ())
+        if self.first_token_at is None:
+            self.first_token_at = time.monotonic()
+        stop_token = token_id in self.params.stop_token_ids or (
+            token_id in self.eos_token_ids and not self.params.ignore_eos
+        )
+        if not stop_token:
+            self.text += self.detokenizer.push(token_id)
+            if self._cut_stop_string():
+                return
+        if stop_token:
+            self.text += self.detokenizer.flush()
+            self.finish("stop")
+        elif len(self.output_ids) >= self.params.max_tokens:
+            self.text += self.detokenizer.flush()
+            if not self._cut_stop_string():
+                self.finish("length")
+
+    def _cut_stop_string(self) -> bool:
+        stops = self.params.stop
+        if not stops:
+            return False
+        longest = max(len(s) for s in stops)
+        window_start = max(0, self.emitted - longest)
+        hits = [(self.text.find(s, window_start), s) for s in stops]
+        hits = [(at, s) for at, s in hits if at >= 0]
+        if not hits:
+            return False
+        at = min(hits)[0]
+        self.text = self.text[:at]
+        self.finish("stop")
+        return True
+
+    def finish(self, reason: str) -> None:
+        self.status = Status.FINISHED
+        self.finish_reason = reason
+
+    def take_delta(self) -> Delta:
+        """The text and tokens not yet handed out, holding back a possible stop-string prefix."""
+        end = len(self.text)
+        if not self.finished and self.params.stop:
+            end -= _held_back(self.text, self.params.stop)
+        end = max(end, self.emitted)
+        text = self.text[self.emitted : end]
+        self.emitted = end
+        delta = Delta(
+            request_id=self.request_id,
+            index=self.index,
+            text=text,
+            token_ids=tuple(self.pending_ids),
+            logprobs=tuple(self.pending_logprobs) if self.params.logprobs is not None else None,
+            top_logprobs=tuple(self.pending_top) if self.params.logprobs is not None else None,
+            finish_reason=self.finish_reason,
+            prompt_tokens=len(self.prompt_ids),
+            completion_tokens=len(self.output_ids),
+            cached_tokens=self.num_cached,
+        )
+        self.pending_ids.clear()
+        self.pending_logprobs.clear()
+        self.pending_top.clear()
+        return delta
+
+
+def _held_back(text: str, stops: tuple[str, ...]) -> int:
+    """Length of the longest suffix of text that is a proper prefix of some stop string."""
+    best = 0
+    for stop in stops:
+        for size in range(min(len(stop) - 1, len(text)), best, -1):
+            if text.endswith(stop[:size]):
+                best = size
+                break
+    return best
+
+
+def new_detokenizer(tokenizer: Tokenizer) -> IncrementalDetokenizer:
+    return IncrementalDetokenizer(tokenizer)

@@ -1,0 +1,70 @@
+"""Shared by the capture and warm-up tests: a tiny engine in each decode mode, and a workload
+whose requests join and leave mid-run so the row set and the widths change under recordings."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from nanoserve.runtime.checkpoint import load_checkpoint
+from nanoserve.runtime.engine import Engine
+from nanoserve.runtime.engine_config import EngineConfig
+from nanoserve.runtime.model import LlamaModel
+from nanoserve.runtime.sampling_params import SamplingParams
+
+MODES = {
+    "eager": {},
+    "bucketed": {"bucket_decode": True},
+    "persistent": {"bucket_decode": True, "persist_inputs": True},
+    "recorded": {"bucket_decode": True, "persist_inputs": True, "capture_decode": True},
+}
+
+
+def tiny_engine(model_dir: Path, **config: object) -> Engine:
+    checkpoint = load_checkpoint(model_dir)
+    model = LlamaModel.from_tensors(
+        checkpoint.config, checkpoint.tensors(), dtype=torch.float32, max_positions=256
+    )
+    defaults: dict[str, object] = {
+        "max_model_len": 256,
+        "max_batch": 8,
+        "width_multiple": 8,
+        "block_size": 4,
+        "kv_budget_bytes": 1 << 22,
+    }
+    return Engine(model, checkpoint.tokenizer, EngineConfig(**{**defaults, **config}))  # type: ignore[arg-type]
+
+
+PROMPTS = (
+    [5, 17, 3, 99, 250, 31, 7],
+    [120, 64, 8, 200],
+    [11, 13, 17, 19, 23, 29, 31, 37, 41, 43, 47, 53],
+    [7, 7, 7],
+    [300, 1, 2, 3, 4, 5, 6, 7, 8, 9],
+)
+
+
+def run_joining_workload(engine: Engine) -> dict[str, list[int]]:
+    """Three requests start; two more join at step 3; lengths differ so rows leave early."""
+    tokens: dict[str, list[int]] = {}
+    for i in range(3):
+        engine.add_request(
+            f"r{i}",
+            PROMPTS[i],
+            SamplingParams(max_tokens=6 + 9 * i, temperature=0, ignore_eos=True),
+        )
+    step = 0
+    while engine.has_unfinished:
+        if step == 3:
+            for i in (3, 4):
+                engine.add_request(
+                    f"r{i}",
+                    PROMPTS[i],
+                    SamplingParams(max_tokens=20, temperature=0, ignore_eos=True),
+                )
+        for delta in engine.step():
+            tokens.setdefault(delta.request_id, []).extend(delta.token_ids)
+        step += 1
+    engine.check_blocks()
+    return tokens

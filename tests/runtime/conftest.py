@@ -1,0 +1,388 @@
+"""Fixtures for runtime tests: tiny random-weight models, and the embedded model with its reference.
+
+Tiny models are real Hugging Face checkpoints, written by transformers' own `save_pretrained`, small
+enough to build in well under a second: hidden 64, 2 layers, 4 heads, 2 KV heads, and a 320-token
+byte-level BPE trained here. `write_tiny_gguf` turns one into a GGUF the way llama.cpp's converter
+does (names, reversed shapes, Q/K row permutation, quantization).
+
+pytest runs with `--import-mode=importlib`, so test modules cannot import helpers from here or
+from each other: the helpers are handed out as fixtures instead (`make_tiny_model_dir`,
+`write_tiny_gguf`, `hf_state_dict`, `llamacpp_permute`), each returning the function itself.
+
+The embedded model's transformers reference (`hf_reference_model`) takes ~15-30 s to load, so it is
+loaded once per session and shared; tests must not modify it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import gguf
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+from nanoserve.runtime.checkpoint import Checkpoint, load_checkpoint
+from nanoserve.runtime.embedded import embedded_model_path
+
+TINY_SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+TINY_VOCAB_SIZE = 320  # 256 byte tokens + 3 special + 61 merges
+TINY_CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{% if loop.first and messages[0]['role'] != 'system' %}"
+    "{{ '<|im_start|>system\nYou are tiny.<|im_end|>\n' }}{% endif %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+_TINY_CORPUS = [
+    "hello world, the quick brown fox jumps over the lazy dog",
+    "def main():\n    return 42\n",
+    "héllo wörld 你好 🤗 naïve café",
+    "<|im_start|>user\nwhat is 2 + 2?<|im_end|>\n",
+]
+_TINY_GEOMETRY: dict[str, Any] = {
+    "vocab_size": TINY_VOCAB_SIZE,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 256,
+    "rms_norm_eps": 1e-5,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+}
+# Hugging Face name pieces -> llama.cpp's, the reverse of what gguf_file.py maps.
+_TO_GGUF = {
+    "self_attn.q_proj": "attn_q",
+    "self_attn.k_proj": "attn_k",
+    "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output",
+    "mlp.gate_proj": "ffn_gate",
+    "mlp.up_proj": "ffn_up",
+    "mlp.down_proj": "ffn_down",
+    "input_layernorm": "attn_norm",
+    "post_attention_layernorm": "ffn_norm",
+}
+
+
+def _make_tiny_tokenizer() -> Tokenizer:
+    """A 320-token byte-level BPE shaped like SmolLM2's: specials at ids 0-2, digits split."""
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Digits(individual_digits=True),
+            pre_tokenizers.ByteLevel(add_prefix_space=False),
+        ]
+    )
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=TINY_VOCAB_SIZE,
+        special_tokens=list(TINY_SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(_TINY_CORPUS * 3, trainer)  # deterministic for a fixed corpus
+    return tokenizer
+
+
+def _make_tiny_model_dir(
+    tmp_path: Path, arch: str = "llama", tie: bool = True, seed: int = 0, **overrides: Any
+) -> Path:
+    """Write a random-weight Hugging Face checkpoint (+ tokenizer files) into `tmp_path/<arch>`.
+
+    `overrides` go to the transformers config (`num_key_value_heads=4`, `rope_scaling={...}`).
+    Every parameter, norms included, is drawn from N(0, 0.5²), so a swapped tensor is visible.
+    """
+    import transformers  # heavy: imported only by the tests that need it
+
+    config_cls, model_cls = {
+        "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
+        "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
+        "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM),
+    }[arch]
+    config = config_cls(**{**_TINY_GEOMETRY, "tie_word_embeddings": tie, **overrides})
+    model = model_cls(config)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for param in model.parameters():
+            param.copy_(torch.randn(param.shape, generator=generator) * 0.5)
+    out = tmp_path / f"{arch}-{'tied' if tie else 'untied'}-{seed}"
+    model.save_pretrained(out)
+    _make_tiny_tokenizer().save(str(out / "tokenizer.json"))
+    tokenizer_config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": "<|im_start|>",
+        "eos_token": "<|im_end|>",
+        "chat_template": TINY_CHAT_TEMPLATE,
+    }
+    (out / "tokenizer_config.json").write_text(json.dumps(tokenizer_config))
+    return out
+
+
+def _hf_state_dict(model_dir: Path) -> dict[str, torch.Tensor]:
+    """The weights as transformers loads them from `model_dir` (tied lm_head dropped)."""
+    import transformers
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(model_dir)
+    state = model.state_dict()
+    if model.config.tie_word_embeddings:
+        del state["lm_head.weight"]
+    return state
+
+
+def _llamacpp_permute(weight: np.ndarray, num_heads: int) -> np.ndarray:
+    """llama.cpp's convert_hf_to_gguf.py `LlamaModel.permute`, applied to Llama's Q and K rows."""
+    rows = weight.shape[0]
+    return (
+        weight.reshape(num_heads, 2, rows // num_heads // 2, *weight.shape[1:])
+        .swapaxes(1, 2)
+        .reshape(weight.shape)
+    )
+
+
+def _write_tiny_gguf(
+    model_dir: Path,
+    out: Path,
+    *,
+    qtype: GGMLQuantizationType = GGMLQuantizationType.F32,
+    raw_tensors: Mapping[str, tuple[np.ndarray, GGMLQuantizationType]] | None = None,
+    arch: str | None = None,
+    pre: str = "smollm",
+) -> Path:
+    """Convert a tiny HF checkpoint to GGUF as llama.cpp would; matrices stored as `qtype`.
+
+    `raw_tensors` replaces tensors (by GGUF name) with pre-encoded bytes of any type, to build
+    files llama.cpp could write but nanoserve must refuse. `arch` overrides the written architecture.
+    """
+    from safetensors.torch import load_file
+
+    config = json.loads((model_dir / "config.json").read_text())
+    tok = json.loads((model_dir / "tokenizer.json").read_text())
+    arch_name = arch or config["model_type"]
+    heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
+    writer = gguf.GGUFWriter(str(out), arch_name)
+    writer.add_block_count(config["num_hidden_layers"])
+    writer.add_context_length(config["max_position_embeddings"])
+    writer.add_embedding_length(config["hidden_size"])
+    writer.add_feed_forward_length(config["intermediate_size"])
+    writer.add_head_count(heads)
+    writer.add_head_count_kv(kv_heads)
+    writer.add_rope_freq_base(config["rope_parameters"]["rope_theta"])
+    writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
+    writer.add_rope_dimension_count(config["hidden_size"] // heads)
+    writer.add_vocab_size(config["vocab_size"])
+    # The tokenizer, as llama.cpp stores a byte-level BPE.
+    vocab = {**tok["model"]["vocab"], **{t["content"]: t["id"] for t in tok["added_tokens"]}}
+    tokens = sorted(vocab, key=vocab.__getitem__)
+    special = {t["content"] for t in tok["added_tokens"] if t["special"]}
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre(pre)
+    writer.add_token_list(tokens)
+    writer.add_token_types([3 if t in special else 1 for t in tokens])
+    writer.add_token_merges(
+        [" ".join(m) if isinstance(m, list) else m for m in tok["model"]["merges"]]
+    )
+    writer.add_bos_token_id(config["bos_token_id"])
+    writer.add_eos_token_id(config["eos_token_id"])
+    writer.add_add_bos_token(False)
+    writer.add_chat_template(TINY_CHAT_TEMPLATE)
+
+    raw_tensors = dict(raw_tensors or {})
+    for name, tensor in load_file(model_dir / "model.safetensors").items():
+        values = tensor.float().numpy()
+        if arch_name == "llama" and ".q_proj." in name:
+            values = _llamacpp_permute(values, heads)
+        elif arch_name == "llama" and ".k_proj." in name:
+            values = _llamacpp_permute(values, kv_heads)
+        gguf_name = _gguf_name(name)
+        if gguf_name in raw_tensors:
+            data, raw_type = raw_tensors.pop(gguf_name)
+            writer.add_tensor(gguf_name, data, raw_dtype=raw_type)
+        elif values.ndim == 1 or qtype == GGMLQuantizationType.F32:  # norms and biases stay F32
+            writer.add_tensor(gguf_name, values)
+        else:
+            writer.add_tensor(gguf_name, gguf.quants.quantize(values, qtype), raw_dtype=qtype)
+    for gguf_name, (data, raw_type) in raw_tensors.items():  # extra tensors
+        writer.add_tensor(gguf_name, data, raw_dtype=raw_type)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return out
+
+
+def _gguf_name(hf_name: str) -> str:
+    if hf_name == "model.embed_tokens.weight":
+        return "token_embd.weight"
+    if hf_name == "model.norm.weight":
+        return "output_norm.weight"
+    if hf_name == "lm_head.weight":
+        return "output.weight"
+    _, _, layer, rest = hf_name.split(".", 3)
+    part, kind = rest.rsplit(".", 1)
+    return f"blk.{layer}.{_TO_GGUF[part]}.{kind}"
+
+
+# -- the helpers, as fixtures --------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def make_tiny_model_dir() -> Callable[..., Path]:
+    """`make_tiny_model_dir(tmp_path, arch="llama", tie=True, seed=0, **overrides) -> Path`."""
+    return _make_tiny_model_dir
+
+
+@pytest.fixture(scope="session")
+def write_tiny_gguf() -> Callable[..., Path]:
+    """`write_tiny_gguf(model_dir, out, *, qtype=F32, raw_tensors=None, arch=None, pre="smollm")`."""
+    return _write_tiny_gguf
+
+
+@pytest.fixture(scope="session")
+def hf_state_dict() -> Callable[[Path], dict[str, torch.Tensor]]:
+    """`hf_state_dict(model_dir)`: the weights as transformers loads them (tied lm_head dropped)."""
+    return _hf_state_dict
+
+
+@pytest.fixture(scope="session")
+def llamacpp_permute() -> Callable[[np.ndarray, int], np.ndarray]:
+    """`llamacpp_permute(weight, num_heads)`: llama.cpp's Q/K row permutation."""
+    return _llamacpp_permute
+
+
+# -- tiny models, built once per session (read-only: tests must not write into them) -------------
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _make_tiny_model_dir(tmp_path_factory.mktemp("tiny"), arch="llama", tie=True)
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_untied_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _make_tiny_model_dir(tmp_path_factory.mktemp("tiny"), arch="llama", tie=False)
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen2_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _make_tiny_model_dir(tmp_path_factory.mktemp("tiny"), arch="qwen2", tie=False)
+
+
+# -- the embedded model and its transformers reference --------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def embedded_gguf() -> Path:
+    return embedded_model_path()
+
+
+@pytest.fixture(scope="session")
+def embedded_checkpoint(embedded_gguf: Path) -> Checkpoint:
+    return load_checkpoint(embedded_gguf)
+
+
+@pytest.fixture(scope="session")
+def embedded_tensors(embedded_checkpoint: Checkpoint) -> dict[str, torch.Tensor]:
+    """All of the embedded model's tensors, dequantized by nanoserve (~540 MB, float32)."""
+    return dict(embedded_checkpoint.tensors())
+
+
+@pytest.fixture(scope="session")
+def hf_reference_model(embedded_gguf: Path) -> Iterator[Any]:
+    """transformers' own float32 load of the embedded GGUF, in eval mode. Do not modify it."""
+    import transformers
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        embedded_gguf.parent, gguf_file=embedded_gguf.name, dtype=torch.float32
+    )
+    model.eval()
+    yield model
+
+
+@pytest.fixture(scope="session")
+def hf_reference_tokenizer(embedded_gguf: Path) -> Any:
+    """transformers' tokenizer rebuilt from the embedded GGUF's metadata."""
+    import transformers
+
+    return transformers.AutoTokenizer.from_pretrained(
+        embedded_gguf.parent, gguf_file=embedded_gguf.name
+    )
+
+
+# -- engines over the tiny Llama (fp32, batch-invariant), for the engine suite --------------------
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_checkpoint(tiny_llama_dir: Path) -> Checkpoint:
+    return load_checkpoint(tiny_llama_dir)
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_weights(tiny_llama_checkpoint: Checkpoint) -> dict[str, torch.Tensor]:
+    """The tiny Llama's tensors, read once; engines share them (the model never writes weights)."""
+    return dict(tiny_llama_checkpoint.tensors())
+
+
+@pytest.fixture(scope="session")
+def tiny_engine_builder(
+    tiny_llama_checkpoint: Checkpoint, tiny_llama_weights: dict[str, torch.Tensor]
+) -> Callable[..., Any]:
+    """`build(*, num_blocks=None, **config) -> Engine` over the tiny Llama, with no teardown check.
+
+    Defaults: block_size 4, max_model_len 128, max_batch 16, fp32, batch_invariant. `num_blocks`
+    sizes `kv_budget_bytes` to exactly that many blocks. Prefer `make_tiny_engine` in tests.
+    """
+    from nanoserve.runtime.chat_template import ChatTemplate
+    from nanoserve.runtime.engine import Engine
+    from nanoserve.runtime.engine_config import EngineConfig
+    from nanoserve.runtime.model import LlamaModel
+
+    ck = tiny_llama_checkpoint
+    template = ChatTemplate.from_checkpoint(ck)
+
+    def build(*, num_blocks: int | None = None, **overrides: Any) -> Engine:
+        config = {"block_size": 4, "max_model_len": 128, "max_batch": 16, **overrides}
+        if num_blocks is not None:
+            # 2 (K and V) x layers x KV heads x head dim x 4 bytes, per slot; one more slot: the sink.
+            per_slot = 2 * ck.config.num_layers * ck.config.num_kv_heads * ck.config.head_dim * 4
+            config["kv_budget_bytes"] = per_slot * (num_blocks * config["block_size"] + 1)
+        model = LlamaModel.from_tensors(
+            ck.config,
+            tiny_llama_weights.items(),
+            dtype=torch.float32,
+            batch_invariant=True,
+            max_positions=config["max_model_len"],
+        )
+        return Engine(
+            model, ck.tokenizer, EngineConfig(**config), chat_template=template, name="tiny"
+        )
+
+    return build
+
+
+@pytest.fixture
+def make_tiny_engine(tiny_engine_builder: Callable[..., Any]) -> Iterator[Callable[..., Any]]:
+    """`make_tiny_engine(*, num_blocks=None, **config) -> Engine` (see `tiny_engine_builder`).
+
+    At teardown every engine it built must pass `check_blocks()`, and an idle one must hold no
+    block: a test that leaks blocks fails even if its own assertions passed.
+    """
+    engines: list[Any] = []
+
+    def make(**kwargs: Any) -> Any:
+        engine = tiny_engine_builder(**kwargs)
+        engines.append(engine)
+        return engine
+
+    yield make
+    for engine in engines:
+        engine.check_blocks()
+        if not engine.has_unfinished and engine.blocks.num_in_use:
+            raise AssertionError(f"an idle engine holds {engine.blocks.num_in_use} blocks")

@@ -1,0 +1,199 @@
+"""LlamaModel against transformers, which nobody here wrote: same weights, same logits."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from nanoserve.core import BlockTable, PrefillChunk, plan_kv_pool, plan_prefill
+from nanoserve.runtime.checkpoint import Checkpoint, load_checkpoint
+from nanoserve.runtime.engine import Engine
+from nanoserve.runtime.engine_config import EngineConfig
+from nanoserve.runtime.kv_pool import KVPool
+from nanoserve.runtime.model import LlamaModel
+from nanoserve.runtime.sampling_params import SamplingParams
+
+BLOCK = 4
+
+
+def build(checkpoint: Checkpoint, **kwargs: Any) -> LlamaModel:
+    return LlamaModel.from_tensors(
+        checkpoint.config, checkpoint.tensors(), max_positions=2048, **kwargs
+    )
+
+
+def paged_logits(model: LlamaModel, ids: list[int], chunk: int | None = None) -> torch.Tensor:
+    """Logits at every position, the prompt fed in chunks through a fresh paged pool."""
+    cfg = model.config
+    plan = plan_kv_pool(
+        num_layers=cfg.num_layers,
+        num_kv_heads=cfg.num_kv_heads,
+        head_dim=cfg.head_dim,
+        dtype=model.dtype,
+        block_size=BLOCK,
+        budget_bytes=1 << 28,
+        max_blocks=-(-len(ids) // BLOCK) + 1,
+    )
+    pool = KVPool(plan)
+    # Blocks in reverse order, so a position's slot is never its index.
+    table = BlockTable(BLOCK, reversed(range(plan.num_blocks)))
+    chunk = chunk or len(ids)
+    out = []
+    for start in range(0, len(ids), chunk):
+        piece = tuple(ids[start : start + chunk])
+        prefill = plan_prefill([PrefillChunk(0, piece, start, table)], sink_slot=plan.sink_slot)
+        rows = torch.arange(len(piece))
+        out.append(model.forward(prefill, pool.view((0,)), logit_rows=rows))
+    return torch.cat(out)  # [tokens, vocab]
+
+
+def rel_error(ours: torch.Tensor, ref: torch.Tensor) -> float:
+    return float((ours - ref).abs().max() / ref.abs().max())
+
+
+@pytest.fixture(scope="module")
+def tiny_prompt() -> list[int]:
+    return [5, 17, 3, 99, 250, 31, 7, 7, 7, 120, 64, 8, 200, 2, 11, 13, 17, 19, 23, 29, 31, 37]
+
+
+@pytest.mark.parametrize(
+    ("arch", "tie", "overrides"),
+    [
+        ("llama", True, {}),
+        ("llama", False, {}),
+        ("llama", True, {"num_key_value_heads": 1}),
+        (
+            "llama",
+            True,
+            {
+                "rope_scaling": {
+                    "rope_type": "llama3",
+                    "factor": 8.0,
+                    "low_freq_factor": 1.0,
+                    "high_freq_factor": 4.0,
+                    "original_max_position_embeddings": 16,
+                }
+            },
+        ),
+        ("qwen2", False, {}),
+        ("mistral", True, {}),
+    ],
+    ids=["llama-tied", "llama-untied", "llama-mqa", "llama3-rope", "qwen2-bias", "mistral"],
+)
+def test_tiny_logits_match_transformers(
+    make_tiny_model_dir: Any,
+    tmp_path: Path,
+    tiny_prompt: list[int],
+    arch: str,
+    tie: bool,
+    overrides: dict[str, Any],
+) -> None:
+    import transformers
+
+    model_dir = make_tiny_model_dir(tmp_path, arch=arch, tie=tie, **overrides)
+    reference = transformers.AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    with torch.no_grad():
+        expected = reference(torch.tensor([tiny_prompt])).logits[0]
+    ours = paged_logits(build(load_checkpoint(model_dir)), tiny_prompt)
+    assert ours.shape == expected.shape
+    assert rel_error(ours, expected) < 1e-5
+
+
+def test_chunked_prefill_equals_whole(tiny_llama_dir: Path, tiny_prompt: list[int]) -> None:
+    model = build(load_checkpoint(tiny_llama_dir))
+    whole = paged_logits(model, tiny_prompt)
+    for chunk in (1, 3, 7):
+        assert rel_error(paged_logits(model, tiny_prompt, chunk), whole) < 1e-6
+    # In batch-invariant mode the chunking leaves no trace at all.
+    assert torch.equal(paged_logits(model, tiny_prompt, 7), whole)
+
+
+def test_bfloat16_is_close(tiny_llama_dir: Path, tiny_prompt: list[int]) -> None:
+    checkpoint = load_checkpoint(tiny_llama_dir)
+    fp32 = paged_logits(build(checkpoint), tiny_prompt)
+    bf16 = paged_logits(build(checkpoint, dtype=torch.bfloat16), tiny_prompt)
+    assert bf16.dtype == torch.float32  # logits always come back in float32
+    assert rel_error(bf16, fp32) < 0.05
+
+
+def test_weights_are_not_copied_twice(tiny_llama_dir: Path) -> None:
+    model = build(load_checkpoint(tiny_llama_dir))
+    assert model.lm_head is model.embed  # tied: one tensor
+    assert model.layers[0].qkv.is_contiguous()
+
+
+# -- the embedded model, against transformers' own load of the same GGUF ----------------------
+
+PROMPTS = (
+    "The capital of France is",
+    "def fibonacci(n):\n    if n < 2:\n        return n\n",
+)
+
+
+@pytest.fixture(scope="module")
+def embedded_model(embedded_checkpoint: Checkpoint) -> LlamaModel:
+    return LlamaModel.from_tensors(
+        embedded_checkpoint.config, embedded_checkpoint.tensors(), max_positions=2048
+    )
+
+
+@pytest.fixture(scope="module")
+def long_prompt(embedded_checkpoint: Checkpoint) -> list[int]:
+    text = " ".join(
+        f"Paragraph {i}: the committee reviewed item {i * 7} and approved {i % 5} amendments."
+        for i in range(60)
+    )
+    ids = embedded_checkpoint.tokenizer.encode(text)
+    assert 900 <= len(ids) <= 1300
+    return ids
+
+
+@pytest.mark.slow
+def test_embedded_logits_match_transformers(
+    embedded_model: LlamaModel,
+    embedded_checkpoint: Checkpoint,
+    hf_reference_model: Any,
+    long_prompt: list[int],
+) -> None:
+    prompts = [embedded_checkpoint.tokenizer.encode(p) for p in PROMPTS] + [long_prompt]
+    for ids in prompts:
+        with torch.no_grad():
+            expected = hf_reference_model(torch.tensor([ids])).logits[0]
+        ours = paged_logits(embedded_model, ids, chunk=256)
+        assert rel_error(ours, expected) < 1e-4, len(ids)
+
+
+def hf_greedy(model: Any, ids: list[int], steps: int) -> list[int]:
+    out = list(ids)
+    with torch.no_grad():
+        for _ in range(steps):
+            out.append(int(model(torch.tensor([out])).logits[0, -1].argmax()))
+    return out[len(ids) :]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("chunk", [None, 7])
+def test_embedded_greedy_matches_transformers(
+    embedded_model: LlamaModel,
+    embedded_checkpoint: Checkpoint,
+    hf_reference_model: Any,
+    chunk: int | None,
+) -> None:
+    tokenizer = embedded_checkpoint.tokenizer
+    engine = Engine(
+        embedded_model,
+        tokenizer,
+        EngineConfig(
+            max_model_len=512, max_num_batched_tokens=chunk or 512, kv_budget_bytes=1 << 27
+        ),
+    )
+    params = SamplingParams(max_tokens=32, temperature=0.0, ignore_eos=True)
+    for index, text in enumerate(PROMPTS):
+        ids = tokenizer.encode(text)
+        engine.add_request(str(index), ids, params)
+        got = [t for d in engine.run_until_done() for t in d.token_ids]
+        assert got == hf_greedy(hf_reference_model, ids, 32), text
+    engine.check_blocks()

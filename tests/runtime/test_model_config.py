@@ -1,0 +1,211 @@
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from nanoserve.runtime.errors import ConfigError, UnsupportedModelError
+from nanoserve.runtime.model_config import ModelConfig, RopeScaling, rope_inv_freq
+
+LLAMA3_SCALING = {
+    "rope_type": "llama3",
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 64,
+}
+
+
+def _tiny_json(**changes: Any) -> dict[str, Any]:
+    """A transformers 5 style config.json dict for a tiny Llama."""
+    base: dict[str, Any] = {
+        "model_type": "llama",
+        "vocab_size": 320,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 256,
+        "rms_norm_eps": 1e-5,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
+        "tie_word_embeddings": True,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+    }
+    return {**base, **changes}
+
+
+def _read(model_dir: Path, name: str) -> dict[str, Any]:
+    return json.loads((model_dir / name).read_text())
+
+
+def test_from_hf_reads_a_saved_llama_config(tiny_llama_dir: Path) -> None:
+    config = ModelConfig.from_hf(
+        _read(tiny_llama_dir, "config.json"), _read(tiny_llama_dir, "generation_config.json")
+    )
+    assert config == ModelConfig(
+        architecture="llama",
+        vocab_size=320,
+        hidden_size=64,
+        intermediate_size=128,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=16,
+        rope_theta=10000.0,
+        rope_scaling=None,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=True,
+        attention_bias=False,
+        max_position_embeddings=256,
+        eos_token_ids=(2,),
+        bos_token_id=1,
+    )
+    assert (config.q_size, config.kv_size) == (64, 32)
+
+
+def test_qwen2_has_qkv_bias_although_its_config_does_not_say(tiny_qwen2_dir: Path) -> None:
+    raw = _read(tiny_qwen2_dir, "config.json")
+    assert "attention_bias" not in raw
+    config = ModelConfig.from_hf(raw)
+    assert (config.architecture, config.attention_bias, config.tie_word_embeddings) == (
+        "qwen2",
+        True,
+        False,
+    )
+
+
+def test_transformers4_layout_with_llama3_scaling() -> None:
+    raw = _tiny_json(rope_theta=500000.0)
+    del raw["rope_parameters"]
+    raw["rope_scaling"] = {**LLAMA3_SCALING, "type": "llama3"}
+    del raw["rope_scaling"]["rope_type"]
+    config = ModelConfig.from_hf(raw)
+    assert config.rope_theta == 500000.0
+    assert config.rope_scaling == RopeScaling(
+        factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=64
+    )
+
+
+def test_head_dim_given_explicitly_is_kept() -> None:
+    config = ModelConfig.from_hf(_tiny_json(head_dim=32))
+    assert (config.head_dim, config.q_size, config.kv_size) == (32, 128, 64)
+
+
+@pytest.mark.parametrize(
+    ("generation", "config_eos", "expected"),
+    [
+        ({"eos_token_id": [2, 0, 2]}, 7, (2, 0)),  # generation_config wins; duplicates dropped
+        ({"eos_token_id": 0}, 7, (0,)),
+        (None, 7, (7,)),
+        ({}, [3, 4], (3, 4)),
+        (None, None, ()),
+    ],
+)
+def test_eos_ids(
+    generation: dict[str, Any] | None, config_eos: Any, expected: tuple[int, ...]
+) -> None:
+    config = ModelConfig.from_hf(_tiny_json(eos_token_id=config_eos), generation)
+    assert config.eos_token_ids == expected
+
+
+def test_unknown_architecture_is_named() -> None:
+    with pytest.raises(UnsupportedModelError, match=r"^models/x/config.json: model_type 'gemma'"):
+        ModelConfig.from_hf(_tiny_json(model_type="gemma"), source="models/x/config.json")
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"num_key_value_heads": 3}, "num_kv_heads=3 does not divide num_heads=4"),
+        ({"hidden_size": -64, "head_dim": 16}, "hidden_size=-64 must be a positive integer"),
+        ({"hidden_size": 66}, "hidden_size=66 is not a multiple of num_attention_heads=4"),
+        ({"intermediate_size": 128.0}, "intermediate_size=128.0 must be a positive integer"),
+        ({"num_hidden_layers": True}, "num_layers=True must be a positive integer"),
+        ({"vocab_size": None}, "required field 'vocab_size' is missing"),
+        ({"head_dim": 15}, "head_dim=15 must be even"),
+        ({"rms_norm_eps": 0}, "rms_norm_eps=0.0 must be a positive finite float"),
+        ({"eos_token_id": 320}, "token id 320 is outside vocab_size=320"),
+        ({"eos_token_id": "2"}, "eos_token_id='2' must be an integer or a list of integers"),
+        (
+            {"rope_parameters": {**LLAMA3_SCALING, "rope_theta": 1e4, "high_freq_factor": 1.0}},
+            "high_freq_factor=1.0 must exceed low_freq_factor=1.0",
+        ),
+        ({"rope_parameters": {"rope_type": "llama3", "factor": 8.0}}, "lacks 'low_freq_factor'"),
+    ],
+)
+def test_invalid_values_name_field_and_value(changes: dict[str, Any], message: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        ModelConfig.from_hf(_tiny_json(**changes), source="m/config.json")
+    assert str(caught.value).startswith("m/config.json: ")
+    assert message in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"rope_parameters": {"rope_type": "yarn", "factor": 4.0}}, "rope_type='yarn'"),
+        ({"hidden_act": "gelu"}, "hidden_act='gelu'"),
+        ({"mlp_bias": True}, "mlp_bias=True"),
+        ({"model_type": "mistral", "sliding_window": 128}, "sliding_window=128"),
+        (
+            {"model_type": "qwen2", "use_sliding_window": True, "sliding_window": 64},
+            "sliding_window=64",
+        ),
+    ],
+)
+def test_unsupported_variants_are_named(changes: dict[str, Any], message: str) -> None:
+    with pytest.raises(UnsupportedModelError, match=message):
+        ModelConfig.from_hf(_tiny_json(**changes))
+
+
+def test_mistral_without_a_window_is_llama_shaped() -> None:
+    config = ModelConfig.from_hf(_tiny_json(model_type="mistral", sliding_window=None))
+    assert (config.architecture, config.attention_bias) == ("mistral", False)
+
+
+def test_constructor_validates_too() -> None:
+    config = ModelConfig.from_hf(_tiny_json())
+    with pytest.raises(ConfigError, match="num_kv_heads=0 must be a positive integer"):
+        dataclasses.replace(config, num_kv_heads=0)
+
+
+@pytest.mark.parametrize("scaling", [None, LLAMA3_SCALING])
+def test_to_hf_round_trips(scaling: dict[str, Any] | None) -> None:
+    rope = {"rope_theta": 10000.0, **(scaling or {"rope_type": "default"})}
+    config = ModelConfig.from_hf(_tiny_json(rope_parameters=rope, eos_token_id=[2, 0]))
+    assert ModelConfig.from_hf(config.to_hf()) == config
+
+
+def test_default_inv_freq_matches_transformers() -> None:
+    from transformers import LlamaConfig
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+    raw = _tiny_json(rope_parameters={"rope_type": "default", "rope_theta": 100000.0})
+    expected = LlamaRotaryEmbedding(LlamaConfig(**raw)).inv_freq
+    ours = rope_inv_freq(ModelConfig.from_hf(raw))
+    assert ours.dtype == torch.float32 and ours.shape == (8,)
+    assert torch.equal(ours, expected)
+
+
+@pytest.mark.parametrize("factor", [8.0, 32.0])
+def test_llama3_inv_freq_matches_transformers(factor: float) -> None:
+    from transformers import LlamaConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    # head_dim 64 and a 64-token original context put frequencies in all three bands
+    rope = {**LLAMA3_SCALING, "factor": factor, "rope_theta": 10000.0}
+    raw = _tiny_json(hidden_size=256, num_attention_heads=4, rope_parameters=rope)
+    expected, _ = ROPE_INIT_FUNCTIONS["llama3"](LlamaConfig(**raw))
+    ours = rope_inv_freq(ModelConfig.from_hf(raw))
+    unscaled = rope_inv_freq(ModelConfig.from_hf(_tiny_json(hidden_size=256)))
+    assert torch.equal(ours, expected)
+    # all three bands are exercised: untouched, divided by factor, and blended
+    assert bool((ours == unscaled).any())
+    assert bool((ours == unscaled / factor).any())
+    assert bool(((ours != unscaled) & (ours != unscaled / factor)).any())
