@@ -48,8 +48,7 @@ class Engine:
         chat_template: ChatTemplate | None = None,
         name: str = "model",
     ) -> None:
-        if config.max_model_len is None:
-            config = config.resolved(model.config.max_position_embeddings)
+        config = config.resolved(model.config.max_position_embeddings)
         self.model = model
         self.tokenizer = tokenizer
         self.config = config

@@ -152,6 +152,7 @@ class DecodeGraphs:
         recording = self.recordings.get(Shape(*plan.shape))
         return recording is not None and (not recording.rows or recording.rows == plan.rows)
 
+    @torch.inference_mode()
     def record(self, plan: DecodePlan, cache: CacheRows, *, cold: bool) -> torch.Tensor:
         """Gate, then record plan's step over cache; returns the logits of the recording run."""
         shape = Shape(*plan.shape)
@@ -172,6 +173,7 @@ class DecodeGraphs:
         self.num_cold += int(cold)
         return output
 
+    @torch.inference_mode()
     def replay(self, plan: DecodePlan) -> torch.Tensor:
         shape = Shape(*plan.shape)
         recording = self.recordings.get(shape)

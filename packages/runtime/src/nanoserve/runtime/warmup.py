@@ -24,7 +24,6 @@ from nanoserve.core.warm_gates import (
     check_warm_touches_nothing,
     check_warm_writes_sink,
 )
-from nanoserve.core.warm_list import warm_budget_bytes
 from nanoserve.runtime.kv_pool import CacheRows
 from nanoserve.runtime.runner import ModelRunner
 
@@ -110,17 +109,3 @@ def warm_decode(
         skipped=skipped,
         backend=graphs.backend.name,
     )
-
-
-def budget_skips(
-    shapes: tuple[Shape, ...], heads: int, budget_bytes: int
-) -> tuple[tuple[Shape, ...], tuple[tuple[Shape, str], ...]]:
-    """Split a list into the shapes a budget allows and those it skips (with why)."""
-    kept, skipped = [], []
-    for shape in shapes:
-        needed = warm_budget_bytes(shape.rows, heads, shape.width)
-        if needed > budget_bytes:
-            skipped.append((shape, f"needs {needed} bytes of scores, budget {budget_bytes}"))
-        else:
-            kept.append(shape)
-    return tuple(kept), tuple(skipped)

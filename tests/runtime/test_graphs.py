@@ -1,0 +1,183 @@
+"""Recorded decode steps: each planted mistake trips the gate meant for it."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+
+from nanoserve.core import DecodeBuffers, DecodePlan, lazy_captures
+from nanoserve.core.capture_gates import (
+    AddressesMovedError,
+    MappingNotWindowError,
+    PadNotInertError,
+    PlanAddressingError,
+    PoolBudgetExceededError,
+    ReplayRowsError,
+)
+from nanoserve.runtime.engine import Engine
+from nanoserve.runtime.graphs import (
+    FrozenCallBackend,
+    RecordingArgumentsError,
+    UnrecordedShapeError,
+)
+from nanoserve.runtime.kv_pool import CacheRows
+from nanoserve.runtime.sampling_params import SamplingParams
+from nanoserve.runtime.scheduler import SchedulerOutput
+from tests.runtime.capture_helpers import MODES, tiny_engine
+
+
+def decode_ready(engine: Engine, prompts: list[list[int]]) -> SchedulerOutput:
+    """Prefill the prompts, then schedule (without running) the first decode-only step."""
+    for i, ids in enumerate(prompts):
+        engine.add_request(
+            f"g{i}", ids, SamplingParams(max_tokens=50, temperature=0, ignore_eos=True)
+        )
+    engine.step()
+    out = engine.scheduler.schedule()
+    assert out.is_decode_only
+    return out
+
+
+@pytest.fixture
+def engine(tiny_llama_dir: Path) -> Engine:
+    return tiny_engine(tiny_llama_dir, **MODES["recorded"])
+
+
+@pytest.fixture
+def plan_and_cache(engine: Engine) -> tuple[DecodePlan, CacheRows]:
+    out = decode_ready(engine, [[5, 17, 3], [9, 9, 9, 9, 9], [4, 4]])  # 3 rows: bucket 4
+    plan = engine.runner.plan_decode_step(out)
+    return plan, engine.pool.view(plan.rows)
+
+
+def test_record_then_replay_gives_the_recorded_logits(engine: Engine, plan_and_cache) -> None:
+    plan, cache = plan_and_cache
+    graphs = engine.runner.graphs
+    recorded = graphs.record(plan, cache, cold=True)
+    replayed = graphs.replay(plan)
+    assert torch.equal(recorded, replayed)
+    assert (graphs.num_recorded, graphs.num_cold, graphs.num_replays) == (1, 1, 1)
+
+
+def test_a_rectangle_copied_instead_of_windowed_is_refused(engine: Engine, plan_and_cache) -> None:
+    plan, cache = plan_and_cache
+    copied = replace(plan, slot_rect=plan.slot_rect.clone())
+    with pytest.raises(MappingNotWindowError, match="not a window"):
+        engine.runner.graphs.record(copied, cache, cold=True)
+
+
+def test_a_padded_row_aimed_at_a_real_slot_is_refused(engine: Engine, plan_and_cache) -> None:
+    plan, cache = plan_and_cache
+    assert plan.pad_rows > 0
+    writes = plan.write_slots.clone()
+    writes[-1] = 0  # a real slot
+    with pytest.raises(PadNotInertError, match="padded row"):
+        engine.runner.graphs.record(replace(plan, write_slots=writes), cache, cold=True)
+
+
+def test_a_write_slot_disagreeing_with_the_rectangle_is_refused(
+    engine: Engine, plan_and_cache
+) -> None:
+    plan, cache = plan_and_cache
+    writes = plan.write_slots.clone()
+    writes[0] = int(plan.slot_rect[0, 0])  # a slot of this sequence, but not its new position
+    with pytest.raises(PlanAddressingError):
+        engine.runner.graphs.record(replace(plan, write_slots=writes), cache, cold=True)
+
+
+def test_a_buffer_reallocated_after_recording_is_refused(engine: Engine, plan_and_cache) -> None:
+    plan, cache = plan_and_cache
+    graphs = engine.runner.graphs
+    graphs.record(plan, cache, cold=True)
+    graphs.buffers = DecodeBuffers.allocate(graphs.buffers.max_batch, plan.sink_slot)
+    with pytest.raises(AddressesMovedError, match="input_ids was at"):
+        graphs.replay(plan)
+
+
+def test_a_replay_over_another_row_set_is_refused(engine: Engine, plan_and_cache) -> None:
+    plan, cache = plan_and_cache
+    graphs = engine.runner.graphs
+    graphs.record(plan, cache, cold=True)
+    other = replace(plan, rows=tuple(r + 100 for r in plan.rows))
+    with pytest.raises(ReplayRowsError, match="froze rows"):
+        graphs.replay(other)
+    assert not graphs.can_replay(other)
+
+
+def test_replay_refuses_an_unrecorded_shape_and_foreign_arguments(
+    engine: Engine, plan_and_cache
+) -> None:
+    plan, cache = plan_and_cache
+    graphs = engine.runner.graphs
+    with pytest.raises(UnrecordedShapeError):
+        graphs.replay(plan)
+    graphs.record(plan, cache, cold=True)
+    with pytest.raises(RecordingArgumentsError, match="input_ids"):
+        graphs.replay(replace(plan, input_ids=plan.input_ids.clone()))
+
+
+def test_a_budget_too_small_refuses_the_recording(tiny_llama_dir: Path) -> None:
+    engine = tiny_engine(tiny_llama_dir, warm_budget_bytes=16, **MODES["recorded"])
+    out = decode_ready(engine, [[5, 17, 3]])
+    plan = engine.runner.plan_decode_step(out)
+    with pytest.raises(PoolBudgetExceededError, match="budget leaves 16"):
+        engine.runner.graphs.record(plan, engine.pool.view(plan.rows), cold=True)
+
+
+def test_frozen_call_replays_on_the_recorded_objects_alone() -> None:
+    """A graph's semantics: storage is live, but an argument that was a copy stays stale."""
+    backend = FrozenCallBackend()
+    live = torch.tensor([1.0, 2.0])
+    seen: list[torch.Tensor] = []
+
+    def step(x: torch.Tensor, _: object) -> torch.Tensor:
+        seen.append(x)
+        return x * 10
+
+    _, handle = backend.record(step, (live, None))
+    live.copy_(torch.tensor([3.0, 4.0]))
+    assert torch.equal(backend.replay(handle), torch.tensor([30.0, 40.0]))  # live storage
+    stale = live.clone()
+    _, handle = backend.record(step, (stale, None))
+    live.copy_(torch.tensor([5.0, 6.0]))
+    assert torch.equal(backend.replay(handle), torch.tensor([30.0, 40.0]))  # the copy froze
+    assert all(x is live or x is stale for x in seen)
+
+
+def test_a_stale_frozen_argument_gives_wrong_tokens(tiny_llama_dir: Path) -> None:
+    """What the window gates exist for: a recording frozen on a copy of its rectangle keeps
+    reading the addresses of the step it was made on, so later replays attend to the wrong
+    K/V — on a CPU exactly as a CUDA graph would."""
+    params = SamplingParams(max_tokens=30, temperature=0, ignore_eos=True)
+    engines = [
+        tiny_engine(tiny_llama_dir, width_multiple=64, **MODES["recorded"]) for _ in range(2)
+    ]
+    for engine in engines:
+        engine.add_request("x", [5, 17, 3, 99, 250], params)
+        engine.step()  # prefill
+        engine.step()  # the first decode step: recorded through the gates
+    good, bad = engines
+    graphs = bad.runner.graphs
+    ((shape, recording),) = graphs.recordings.items()
+    stale = replace(recording.plan, slot_rect=recording.plan.slot_rect.clone())
+    # Only the frozen call holds the copy: every replay check sees the real window and passes.
+    graphs.recordings[shape] = replace(recording, handle=(graphs._step, (stale, recording.cache)))
+    expected = [t for d in good.run_until_done() for t in d.token_ids]
+    got = [t for d in bad.run_until_done() for t in d.token_ids]
+    assert len(got) == len(expected) == 28
+    assert got != expected
+
+
+def test_lazy_recordings_follow_lazy_captures(tiny_llama_dir: Path) -> None:
+    """The build log's host table: 2 rows off a 16-token prompt at width multiple 32."""
+    for generated, expected in ((8, 1), (32, 2), (64, 3), (128, 5)):
+        assert lazy_captures(16, generated, 32) == expected
+        engine = tiny_engine(tiny_llama_dir, width_multiple=32, max_batch=2, **MODES["recorded"])
+        params = SamplingParams(max_tokens=generated, temperature=0, ignore_eos=True)
+        for i in range(2):
+            engine.add_request(f"l{i}", [10 + i] * 16, params)
+        engine.run_until_done()
+        assert engine.runner.graphs.num_cold == expected

@@ -1,0 +1,188 @@
+"""The warm-up: the warm list recorded over all-padding batches, touching nothing real."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+
+from nanoserve.core import Shape, SlotTable, lazy_captures, warm_shapes
+from nanoserve.core.capture_gates import PadNotInertError
+from nanoserve.core.errors import GeometryError
+from nanoserve.core.warm_gates import (
+    ColdCaptureError,
+    TableMovedError,
+    WarmRowsNotEmptyError,
+    WarmTouchedPoolError,
+    WarmWriteNotSinkError,
+    check_no_cold_captures,
+    check_warm_rows_empty,
+    check_warm_touches_nothing,
+    check_warm_writes_sink,
+)
+from nanoserve.runtime.build import plan_warm
+from nanoserve.runtime.engine import Engine
+from nanoserve.runtime.kv_pool import EmptySelectionError
+from nanoserve.runtime.sampling_params import SamplingParams
+from nanoserve.runtime.warmup import warmup_batch
+from tests.runtime.capture_helpers import MODES, run_joining_workload, tiny_engine
+
+WARM = {"max_model_len": 64, "width_multiple": 16, "max_batch": 4}
+
+
+def warmed(model_dir: Path, **config: object) -> Engine:
+    engine = tiny_engine(model_dir, **{**WARM, **MODES["recorded"], **config})
+    engine.warm_decode(warm_shapes(engine.runner.buckets))
+    return engine
+
+
+def test_warm_batch_is_all_padding_on_the_real_storage(tiny_llama_dir: Path) -> None:
+    engine = tiny_engine(tiny_llama_dir, **WARM, **MODES["recorded"])
+    runner = engine.runner
+    batch = warmup_batch(runner, Shape(4, 32))
+    plan = batch.plan
+    assert plan.rows == () and plan.pad_rows == 4 and batch.cache.rows == ()
+    assert plan.write_slots.tolist() == [engine.pool_plan.sink_slot] * 4
+    assert plan.context_lens.tolist() == [0, 0, 0, 0]
+    assert plan.slot_rect.data_ptr() == runner.table.address
+    assert plan.input_ids.data_ptr() == runner.buffers.input_ids.data_ptr()
+
+
+def test_an_empty_selection_is_legal_only_where_a_warm_batch_reaches(tiny_llama_dir: Path) -> None:
+    engine = tiny_engine(tiny_llama_dir, **WARM, **MODES["recorded"])
+    with pytest.raises(EmptySelectionError):
+        engine.pool.view(())  # a scheduled view over no rows
+    with pytest.raises(GeometryError, match="pad_rows > 0"):
+        engine.runner.table.read((), 0, 16)
+    assert engine.pool.warm().rows == ()
+
+
+def test_warm_list_is_recorded_biggest_first(tiny_llama_dir: Path) -> None:
+    engine = warmed(tiny_llama_dir)
+    report = engine.warm_report
+    assert report is not None
+    # rows 1, 2, 4 x widths 16, 32, 48, 64
+    assert report.num_recorded == 12
+    assert report.shapes[0] == Shape(4, 64) and report.shapes[-1] == Shape(1, 16)
+    assert len(report.seconds) == 12 and report.total_seconds >= sum(report.seconds) * 0.99
+    graphs = engine.runner.graphs
+    assert graphs.num_cold == 0 and all(r.rows == () for r in graphs.recordings.values())
+
+
+def test_pool_is_resident_after_warmup(tiny_llama_dir: Path) -> None:
+    engine = tiny_engine(tiny_llama_dir, **WARM, **MODES["recorded"])
+    assert not engine.pool.resident
+    engine.warm_decode((Shape(1, 16),))
+    assert engine.pool.resident
+
+
+def test_warmed_tokens_equal_unwarmed_and_eager(tiny_llama_dir: Path) -> None:
+    eager = run_joining_workload(tiny_engine(tiny_llama_dir, **WARM))
+    lazy = run_joining_workload(tiny_engine(tiny_llama_dir, **WARM, **MODES["recorded"]))
+    engine = warmed(tiny_llama_dir)
+    warm = run_joining_workload(engine)
+    assert warm == lazy == eager
+    graphs = engine.runner.graphs
+    check_no_cold_captures(graphs.num_cold)  # no recording in front of a client
+    assert graphs.num_replays > 0 and graphs.num_recorded == 12
+
+
+def test_a_warmed_run_across_many_widths_records_nothing(tiny_llama_dir: Path) -> None:
+    config = {"width_multiple": 8, "max_batch": 2, "max_model_len": 160}
+    params = SamplingParams(max_tokens=128, temperature=0, ignore_eos=True)
+    counts = {}
+    for warm in (False, True):
+        engine = tiny_engine(tiny_llama_dir, **config, **MODES["recorded"])
+        if warm:
+            engine.warm_decode(warm_shapes(engine.runner.buckets))
+        before = engine.runner.graphs.num_recorded
+        for i in range(2):
+            engine.add_request(f"w{i}", [20 + i] * 16, params)
+        engine.run_until_done()
+        counts[warm] = (engine.runner.graphs.num_cold, engine.runner.graphs.num_recorded - before)
+    assert counts[False] == (lazy_captures(16, 128, 8),) * 2 == (16, 16)
+    assert counts[True] == (0, 0)
+
+
+def test_warmup_touches_no_real_slot_with_live_kv_resident(tiny_llama_dir: Path) -> None:
+    engine = tiny_engine(tiny_llama_dir, **WARM, **MODES["recorded"])
+    params = SamplingParams(max_tokens=5, temperature=0, ignore_eos=True)
+    engine.add_request("live", [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5], params)
+    engine.step()
+    engine.step()  # live K/V resident, the sequence still running
+    before = engine.pool.snapshot()
+    engine.warm_decode(warm_shapes(engine.runner.buckets))  # gated inside: would raise
+    after = engine.pool.pools()
+    n = engine.pool_plan.num_slots
+    assert all(torch.equal(a[:n], b[:n]) for a, b in zip(before, after, strict=True))
+    # The sink took the warm rows' throwaway K/V.
+    assert any(not torch.equal(a[n:], b[n:]) for a, b in zip(before, after, strict=True))
+    tokens = [t for d in engine.run_until_done() for t in d.token_ids]
+    reference = tiny_engine(tiny_llama_dir, **WARM)
+    reference.add_request("live", [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5], params)
+    assert tokens[-3:] == [t for d in reference.run_until_done() for t in d.token_ids][-3:]
+
+
+def test_warm_gates_fail_on_a_warm_batch_built_wrong(tiny_llama_dir: Path) -> None:
+    engine = tiny_engine(tiny_llama_dir, **WARM, **MODES["recorded"])
+    plan = warmup_batch(engine.runner, Shape(2, 16)).plan
+    with pytest.raises(WarmRowsNotEmptyError):
+        check_warm_rows_empty(replace(plan, rows=(7,), pad_rows=1))
+    aimed = plan.write_slots.clone()
+    aimed[0] = 3  # a real slot
+    with pytest.raises(WarmWriteNotSinkError):
+        check_warm_writes_sink(replace(plan, write_slots=aimed))
+    # Rows not empty trips the capture gate's sink clause too.
+    with pytest.raises(PadNotInertError):
+        engine.runner.graphs.record(
+            replace(plan, rows=(7,), pad_rows=1), engine.pool.warm(), cold=False
+        )
+    with pytest.raises(ColdCaptureError):
+        check_no_cold_captures(1)
+
+
+def test_a_moved_table_fails_the_warm_up(tiny_llama_dir: Path) -> None:
+    engine = tiny_engine(tiny_llama_dir, **WARM, **MODES["recorded"])
+    runner = engine.runner
+    moved: SlotTable = runner.table.to("cpu")
+    original = runner.table
+
+    class MovingTable:
+        """The table as warm_decode sees it: its address changes after the first look."""
+
+        def __init__(self) -> None:
+            self.looks = 0
+
+        def __getattr__(self, name: str) -> object:
+            if name == "address":
+                self.looks += 1
+                return original.address if self.looks == 1 else moved.address
+            return getattr(original, name)
+
+    runner.table = MovingTable()  # type: ignore[assignment]
+    with pytest.raises(TableMovedError):
+        engine.warm_decode((Shape(1, 16),))
+
+
+def test_touched_pool_is_named(tiny_llama_dir: Path) -> None:
+    before = [torch.zeros(5, 1, 2)]
+    after = [torch.zeros(5, 1, 2)]
+    after[0][2, 0, 1] = 1.0
+    with pytest.raises(WarmTouchedPoolError, match="real slot 2"):
+        check_warm_touches_nothing(before, after, 4)
+
+
+def test_budget_trims_the_widest_shapes(tiny_llama_dir: Path) -> None:
+    engine = tiny_engine(
+        tiny_llama_dir, **WARM, **MODES["recorded"], warm_budget_bytes=4 * 4 * 32 * 4
+    )
+    plan, shapes, skipped = plan_warm(engine)
+    heads = engine.model.config.num_heads
+    assert plan.width_ceiling == 4 * 4 * 32 * 4 // (4 * heads * 4)
+    assert all(s.width <= plan.width_ceiling for s in shapes)
+    assert len(shapes) + len(skipped) == 12 and skipped
+    # A budget caps the widest shape; it does not otherwise shorten the list.
+    assert {s.rows for s in shapes} == {1, 2, 4}
+    assert all(why.startswith("wider than the budget") for _, why in skipped)
