@@ -1,0 +1,83 @@
+"""The CUDA backend: torch.cuda.CUDAGraph recordings in one shared pool. Needs a GPU
+(`nox -s gpu`); without CUDA every test here skips itself."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from nanoserve.core import DecodeBuffers, warm_shapes
+from nanoserve.core.capture_gates import AddressesMovedError
+from nanoserve.runtime.checkpoint import load_checkpoint
+from nanoserve.runtime.engine import Engine
+from nanoserve.runtime.engine_config import EngineConfig
+from nanoserve.runtime.graphs import CudaGraphBackend
+from nanoserve.runtime.model import LlamaModel
+from nanoserve.runtime.sampling_params import SamplingParams
+from tests.runtime.capture_helpers import MODES, run_joining_workload
+
+pytestmark = pytest.mark.gpu
+
+
+def cuda_engine(model_dir: Path, **config: object) -> Engine:
+    checkpoint = load_checkpoint(model_dir)
+    model = LlamaModel.from_tensors(
+        checkpoint.config, checkpoint.tensors(), device="cuda", max_positions=256
+    )
+    defaults: dict[str, object] = {
+        "device": "cuda",
+        "max_model_len": 256,
+        "max_batch": 8,
+        "width_multiple": 8,
+        "block_size": 4,
+        "kv_budget_bytes": 1 << 22,
+    }
+    return Engine(model, checkpoint.tokenizer, EngineConfig(**{**defaults, **config}))  # type: ignore[arg-type]
+
+
+def test_cuda_recordings_equal_the_same_shapes_run_eagerly(tiny_llama_dir: Path) -> None:
+    """Same bucket shapes, same kernels: recorded and persistent-eager tokens are bit-identical."""
+    persistent = run_joining_workload(cuda_engine(tiny_llama_dir, **MODES["persistent"]))
+    engine = cuda_engine(tiny_llama_dir, **MODES["recorded"])
+    assert isinstance(engine.runner.graphs.backend, CudaGraphBackend)
+    assert run_joining_workload(engine) == persistent
+    stats = engine.runner.graphs.stats()
+    assert stats["backend"] == "cuda-graph" and stats["replays"] > 0
+
+
+def test_cuda_recordings_share_one_pool(tiny_llama_dir: Path) -> None:
+    engine = cuda_engine(tiny_llama_dir, **MODES["recorded"], max_model_len=64, width_multiple=16)
+    report = engine.warm_decode(warm_shapes(engine.runner.buckets))
+    stats = engine.runner.graphs.stats()
+    assert report.num_recorded == len(warm_shapes(engine.runner.buckets))
+    assert stats["pool_bytes"] > 0
+    # One pool serves every recording: together they need more than the pool holds.
+    assert stats["pool_sharing_ratio"] > 1.0
+
+
+def test_cuda_warm_engine_makes_no_cold_recording(tiny_llama_dir: Path) -> None:
+    config = {**MODES["recorded"], "max_model_len": 64, "width_multiple": 16, "max_batch": 4}
+    lazy = run_joining_workload(cuda_engine(tiny_llama_dir, **config))
+    engine = cuda_engine(tiny_llama_dir, **config)
+    engine.warm_decode(warm_shapes(engine.runner.buckets))
+    assert run_joining_workload(engine) == lazy
+    assert engine.runner.graphs.num_cold == 0
+    engine.check_warm()
+
+
+def test_cuda_moved_buffer_refuses_replay(tiny_llama_dir: Path) -> None:
+    engine = cuda_engine(tiny_llama_dir, **MODES["recorded"])
+    engine.add_request(
+        "a", [5, 17, 3], SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
+    )
+    engine.step()
+    engine.step()  # records
+    graphs = engine.runner.graphs
+    graphs.buffers = DecodeBuffers.allocate(
+        graphs.buffers.max_batch, engine.pool_plan.sink_slot, "cuda"
+    )
+    with pytest.raises(AddressesMovedError):
+        engine.step()
+    torch.cuda.synchronize()
