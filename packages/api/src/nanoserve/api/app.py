@@ -32,7 +32,11 @@ def require_api_key(connection: ASGIConnection, handler: BaseRouteHandler) -> No
 def health(server: ServerState) -> Response[dict]:
     """503 until the engine is warm and has run one real forward; then its two sizing plans."""
     if server.engine is None:
-        body = {"status": "failed" if server.boot_error else "starting", "error": server.boot_error}
+        body = {
+            "status": "failed" if server.boot_error else "starting",
+            "phase": server.phase,
+            "error": server.boot_error,
+        }
         return Response(body, status_code=503, headers={"Retry-After": "2"})
     engine = server.engine.engine
     warm = None

@@ -112,7 +112,17 @@ def add_options(parser: argparse.ArgumentParser, *, skip: tuple[str, ...] = ()) 
     for option in OPTIONS:
         if option.flag in skip:
             continue
-        parser.add_argument(option.flag, dest=option.dest, type=option.parse, help=option.help)
+        if option.parse is parse_bool:  # `--capture` alone means on; `--capture 0` off
+            parser.add_argument(
+                option.flag,
+                dest=option.dest,
+                type=parse_bool,
+                nargs="?",
+                const=True,
+                help=option.help,
+            )
+        else:
+            parser.add_argument(option.flag, dest=option.dest, type=option.parse, help=option.help)
 
 
 def values_from_args(args: argparse.Namespace) -> dict[str, object]:
@@ -120,7 +130,10 @@ def values_from_args(args: argparse.Namespace) -> dict[str, object]:
     values: dict[str, object] = {}
     for option in OPTIONS:
         if option.env in os.environ:
-            values[option.dest] = option.parse(os.environ[option.env])
+            try:
+                values[option.dest] = option.parse(os.environ[option.env])
+            except (ValueError, EngineConfigError) as error:
+                raise EngineConfigError(f"{option.env}: {error}") from None
         given = getattr(args, option.dest, None)
         if given is not None:
             values[option.dest] = given

@@ -37,9 +37,15 @@ class ServerState:
         self.engine: AsyncEngine | None = None
         self.boot_error: str | None = None
         self.metrics = ServerMetrics(lambda: self.engine)
-        self._say = say or log.info
+        self._print = say or log.info
+        self.phase = "starting"
         self._on_boot_failure = on_boot_failure
         self._boot: asyncio.Task[None] | None = None
+
+    def _say(self, line: str) -> None:
+        """Boot progress: printed, and the latest line is what /health's 503 body reports."""
+        self.phase = line
+        self._print(line)
 
     @property
     def ready(self) -> bool:
@@ -55,6 +61,7 @@ class ServerState:
     async def boot(self) -> None:
         try:
             engine = await asyncio.to_thread(build_engine, self.settings.engine, say=self._say)
+            self.phase = "ready"
             async_engine = AsyncEngine(engine)
             async_engine.observer = self.metrics.observe
             await async_engine.start()

@@ -40,18 +40,34 @@ def paged_decode_attention(
             f"q has {rows} rows, slot_rect {slot_rect.shape[0]}, context_lens {context_lens.shape[0]}"
         )
     visible = torch.arange(width, device=q.device) < context_lens[:, None]  # [rows, width]
-    k = k_pool[slot_rect].to(accum_dtype)  # [rows, width, kv_heads, head_dim]
-    # Masked positions may name the sink, which holds anything: zero V so 0 * garbage stays 0.
-    v = v_pool[slot_rect].to(accum_dtype).masked_fill(~visible[:, :, None, None], 0.0)
-    qg = q.to(accum_dtype).view(rows, num_kv_heads, group, head_dim)
-    scores = torch.einsum("rhgd,rwhd->rhgw", qg, k) * scale  # [rows, kv_heads, group, width]
-    scores = scores.masked_fill(~visible[:, None, None, :], float("-inf"))
+    # Masked positions may name the sink, which holds anything. Read a visible slot there
+    # instead (its weight is exactly 0 and its value finite, so it adds exactly 0); a row
+    # with nothing visible is zeroed at the end.
+    safe_rect = torch.where(visible, slot_rect, slot_rect[:, :1])
+    k = _heads_first(k_pool[safe_rect], accum_dtype)  # [rows, kv_heads, width, head_dim]
+    v = _heads_first(v_pool[safe_rect], accum_dtype)
+    qg = q.to(accum_dtype).reshape(rows * num_kv_heads, group, head_dim)
+    scores = torch.bmm(qg, k.view(rows * num_kv_heads, width, head_dim).transpose(1, 2))
+    scores = scores.view(rows, num_kv_heads, group, width).mul_(scale)
+    scores.masked_fill_(~visible[:, None, None, :], float("-inf"))
     # A fully masked row (padding) has max -inf; clamp it so exp gives 0 instead of NaN.
     peak = scores.amax(dim=-1, keepdim=True).clamp_min(torch.finfo(accum_dtype).min)
-    weights = torch.exp(scores - peak)
-    denom = weights.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(accum_dtype).tiny)
-    out = torch.einsum("rhgw,rwhd->rhgd", weights / denom, v)
-    return out.reshape(rows, num_heads, head_dim)
+    weights = torch.exp(scores.sub_(peak))
+    weights.div_(weights.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(accum_dtype).tiny))
+    out = torch.bmm(
+        weights.view(rows * num_kv_heads, group, width),
+        v.view(rows * num_kv_heads, width, head_dim),
+    )  # [rows * kv_heads, group, head_dim]
+    out = out.view(rows, num_heads, head_dim)
+    return torch.where((context_lens > 0)[:, None, None], out, 0.0)
+
+
+def _heads_first(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """[rows, width, heads, dim] in any dtype -> a new contiguous [rows, heads, width, dim] in
+    dtype: the cast and the transpose in one pass, so bmm then reads it in place."""
+    rows, width, heads, dim = x.shape
+    out = torch.empty((rows, heads, width, dim), dtype=dtype, device=x.device)
+    return out.copy_(x.permute(0, 2, 1, 3))
 
 
 def paged_prefill_attention(
@@ -83,14 +99,18 @@ def paged_prefill_attention(
                 f" rectangle width {slot_rect.shape[1]}"
             )
         slots = slot_rect[chunk, :context_len]  # [context]
-        k = k_pool[slots].to(accum_dtype)  # [context, kv_heads, head_dim]
-        v = v_pool[slots].to(accum_dtype)
+        k = _heads_first(k_pool[slots][None], accum_dtype)[0]  # [kv_heads, context, head_dim]
+        v = _heads_first(v_pool[slots][None], accum_dtype)[0]
+        # [new, kv_heads, group, dim] -> [kv_heads, group * new, dim]: one bmm per chunk.
         qg = q[start:end].to(accum_dtype).view(num_new, num_kv_heads, group, head_dim)
-        scores = torch.einsum("nhgd,chd->hgnc", qg, k) * scale  # [kv_heads, group, new, context]
+        qg = qg.permute(1, 2, 0, 3).reshape(num_kv_heads, group * num_new, head_dim)
+        scores = torch.bmm(qg, k.transpose(1, 2)).mul_(scale)  # [kv_heads, group * new, context]
+        scores = scores.view(num_kv_heads, group, num_new, context_len)
         query_pos = torch.arange(context_len - num_new, context_len, device=q.device)
         visible = torch.arange(context_len, device=q.device)[None, :] <= query_pos[:, None]
-        scores = scores.masked_fill(~visible, float("-inf"))
-        weights = torch.softmax(scores, dim=-1)
-        chunk_out = torch.einsum("hgnc,chd->nhgd", weights, v)
+        scores.masked_fill_(~visible, float("-inf"))
+        weights = torch.softmax(scores, dim=-1).view(num_kv_heads, group * num_new, context_len)
+        chunk_out = torch.bmm(weights, v).view(num_kv_heads, group, num_new, head_dim)
+        chunk_out = chunk_out.permute(2, 0, 1, 3)  # [new, kv_heads, group, dim]
         out[start:end] = chunk_out.reshape(num_new, num_heads, head_dim)
     return out

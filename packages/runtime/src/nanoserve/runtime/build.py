@@ -48,6 +48,7 @@ def build_engine(config: EngineConfig, *, say: Callable[[str], None] | None = No
     say = say or log.info
     started = time.perf_counter()
     path = resolve_model_path(config.model)
+    say(f"loading {path}")
     checkpoint = load_checkpoint(path)
     config = config.resolved(checkpoint.config.max_position_embeddings)
     model = LlamaModel.from_tensors(
@@ -71,7 +72,8 @@ def build_engine(config: EngineConfig, *, say: Callable[[str], None] | None = No
         f" ({engine.pool_plan.total_bytes / 2**20:.0f} MiB) for {config.max_model_len}-token contexts"
     )
     if config.capture_decode and config.warm:
-        warm(engine)
+        warm(engine, say)
+    say("running one real forward")
     first_forward(engine)
     seconds = time.perf_counter() - started
     engine.ready_seconds = seconds
@@ -102,8 +104,12 @@ def plan_warm(engine: Engine) -> tuple[WarmPlan, tuple, tuple]:
     return plan, shapes, skipped
 
 
-def warm(engine: Engine) -> None:
+def warm(engine: Engine, say: Callable[[str], None] = log.info) -> None:
     plan, shapes, skipped = plan_warm(engine)
+    say(
+        f"warming {len(shapes)} decode shapes (rows <= {plan.max_rows}, width <= {plan.max_width};"
+        f" budget ceiling {plan.width_ceiling} tokens, {len(skipped)} skipped)"
+    )
     report = engine.warm_decode(shapes, skipped=skipped)
     engine.warm_plan = plan
     engine.warm_report = report

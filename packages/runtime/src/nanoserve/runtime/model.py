@@ -124,10 +124,9 @@ class LlamaModel:
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.config.rms_norm_eps)
         return weight * xf.to(x.dtype)
 
-    def _rotate(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    @staticmethod
+    def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         # x: [tokens, heads, head_dim]; Hugging Face layout: rotate the two halves.
-        cos = self.cos[positions][:, None, :]  # [tokens, 1, head_dim]
-        sin = self.sin[positions][:, None, :]
         half = x.shape[-1] // 2
         rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
         return (x.float() * cos + rotated.float() * sin).to(x.dtype)
@@ -150,14 +149,16 @@ class LlamaModel:
         x = self.embed[plan.input_ids]  # [tokens, hidden]
         tokens = x.shape[0]
         q_size, kv_size = heads * head_dim, kv_heads * head_dim
+        cos = self.cos[plan.positions][:, None, :]  # [tokens, 1, head_dim], once for all layers
+        sin = self.sin[plan.positions][:, None, :]
         for index, layer in enumerate(self.layers):
             h = self._rms_norm(x, layer.input_norm)
             qkv = self._linear(h, layer.qkv, layer.qkv_bias)  # [tokens, q + 2 kv]
             q = qkv[:, :q_size].view(tokens, heads, head_dim)
             k = qkv[:, q_size : q_size + kv_size].view(tokens, kv_heads, head_dim)
             v = qkv[:, q_size + kv_size :].view(tokens, kv_heads, head_dim)
-            q = self._rotate(q, plan.positions)
-            k = self._rotate(k, plan.positions)
+            q = self._rotate(q, cos, sin)
+            k = self._rotate(k, cos, sin)
             cache.write(index, plan, k, v)
             attn = cache.paged_attention(index, q, plan, self.scale, self.accum_dtype)
             attn = attn.to(x.dtype).reshape(tokens, q_size)
