@@ -150,10 +150,11 @@ def _generate(args: argparse.Namespace) -> int:
 
     settings = _settings(args)
     _check_model(settings.engine.model)
-    llm = LLM(engine=build_engine(settings.engine, say=lambda line: print(line, file=sys.stderr)))
+    # Refuse bad sampling flags before the model loads, not after.
     params = SamplingParams(
         max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed
     )
+    llm = LLM(engine=build_engine(settings.engine, say=lambda line: print(line, file=sys.stderr)))
     if args.chat:
         out = llm.chat([{"role": "user", "content": args.prompt}], params)[0]
     else:

@@ -90,7 +90,16 @@ def handle_http(_: Request, error: HTTPException) -> Response[ErrorResponse]:
     status = error.status_code
     if status >= 500:
         log.error("HTTP %s: %s", status, error.detail)
-    return error_response(status, error.detail or "error", retry_after=None)
+    response = error_response(status, error.detail or "error", retry_after=None)
+    if error.headers:  # 405's Allow, which HTTP requires
+        response.headers.update(error.headers)
+    return response
+
+
+def handle_too_deep(_: Request, error: RecursionError) -> Response[ErrorResponse]:
+    """msgspec refuses a body nested past its depth limit with RecursionError (which Litestar
+    does not translate): the client's mistake, not ours."""
+    return error_response(400, "the request body is nested too deeply to decode")
 
 
 def handle_engine_error(_: Request, error: Exception) -> Response[ErrorResponse]:
@@ -113,5 +122,6 @@ EXCEPTION_HANDLERS = {
     APIError: handle_api_error,
     ValidationException: handle_validation,
     HTTPException: handle_http,
+    RecursionError: handle_too_deep,
     Exception: handle_engine_error,
 }

@@ -2,7 +2,8 @@
 
 Handlers translate HTTP to engine calls and back. Each prompt x sample is one engine
 sequence; deltas of several prompts are merged into one stream. Leaving a stream early (a
-client gone) closes the engine iterators, which aborts their requests and frees their blocks.
+client gone) closes the engine iterators, which aborts their requests and frees their blocks;
+a client that leaves before a non-streamed answer is ready does the same (`_Merged.drain`).
 """
 
 from __future__ import annotations
@@ -84,6 +85,26 @@ class _Merged:
                 raise item
             yield item
 
+    async def drain(self, request: Request) -> list[tuple[int, Delta]]:
+        """Every delta, for a non-streamed answer. A client that disconnects first aborts the
+        requests at once, rather than leaving them to run to max_tokens for nobody."""
+
+        async def collect() -> list[tuple[int, Delta]]:
+            return [item async for item in self]
+
+        work = asyncio.create_task(collect())
+        gone = asyncio.create_task(_disconnected(request))
+        try:
+            await asyncio.wait((work, gone), return_when=asyncio.FIRST_COMPLETED)
+            if not work.done():
+                raise APIError(499, "the client closed the connection")
+            return work.result()
+        finally:
+            for task in (work, gone):
+                task.cancel()
+            await asyncio.wait((work, gone))
+            await self.close()
+
     async def close(self) -> None:
         for task in self._tasks:
             task.cancel()
@@ -92,6 +113,12 @@ class _Merged:
                 await task
         for stream in self._streams:
             await stream.aclose()
+
+
+async def _disconnected(request: Request) -> None:
+    """Returns when the client has gone (the body was read already: only a disconnect is left)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 def _token_text(tokenizer: Tokenizer, token_id: int) -> str:
@@ -276,12 +303,9 @@ class OpenAIController(Controller):
 
         choices = [[_Choice() for _ in range(n)] for _ in prompts]
         cached = 0
-        try:
-            async for prompt_index, delta in merged:
-                choices[prompt_index][delta.index].add(delta)
-                cached = max(cached, delta.cached_tokens)
-        finally:
-            await merged.close()
+        for prompt_index, delta in await merged.drain(request):
+            choices[prompt_index][delta.index].add(delta)
+            cached = max(cached, delta.cached_tokens)
         out = []
         for p, row in enumerate(choices):
             for i, choice in enumerate(row):
@@ -327,7 +351,10 @@ class OpenAIController(Controller):
             else data.max_tokens
         )
         prompt_ids = chat_prompt(data, engine)
-        default_max = max(1, (engine.config.max_model_len or 0) - len(prompt_ids))
+        # Unset max_tokens: as long as the context allows, and the pool can hold (a pool smaller
+        # than max_model_len would otherwise refuse every chat that leaves it unset).
+        context = min(engine.config.max_model_len or 0, engine.pool_plan.num_slots)
+        default_max = max(1, context - len(prompt_ids))
         params = sampling_params(
             data, max_tokens=max_tokens, logprobs=logprobs, default_max=default_max
         )
@@ -404,12 +431,9 @@ class OpenAIController(Controller):
 
         choices = [_Choice() for _ in range(n)]
         cached = 0
-        try:
-            async for _, delta in merged:
-                choices[delta.index].add(delta)
-                cached = max(cached, delta.cached_tokens)
-        finally:
-            await merged.close()
+        for _, delta in await merged.drain(request):
+            choices[delta.index].add(delta)
+            cached = max(cached, delta.cached_tokens)
         return Response(
             ChatCompletionResponse(
                 id=request_id,

@@ -23,6 +23,9 @@ def check_model(request: _SamplingFields, engine: Engine) -> None:
 def sampling_params(
     request: _SamplingFields, *, max_tokens: int | None, logprobs: int | None, default_max: int
 ) -> SamplingParams:
+    if request.seed is not None and not -(2**63) <= request.seed < 2**63:
+        # OpenAI's seed is an int64; torch's generators refuse more than 64 bits (a 500, late).
+        raise APIError(400, "seed must be a 64-bit signed integer", param="seed")
     stop = request.stop
     bias = {}
     for token, value in (request.logit_bias or {}).items():

@@ -17,7 +17,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from nanoserve.runtime.engine import Engine
+from nanoserve.runtime.engine import Engine, RequestError
 from nanoserve.runtime.sampling_params import SamplingParams
 from nanoserve.runtime.scheduler import QueueFullError
 from nanoserve.runtime.sequence import Delta
@@ -143,7 +143,9 @@ class AsyncEngine:
     @property
     def num_pending(self) -> int:
         """Requests accepted but not yet handed to the engine."""
-        return sum(1 for op in self._inbox if op[0] == "add")
+        # tuple() copies in one C call: the step thread's popleft() cannot interleave, where
+        # iterating the deque itself could raise "deque mutated during iteration".
+        return sum(1 for op in tuple(self._inbox) if op[0] == "add")
 
     # -- requests ---------------------------------------------------------------------------
 
@@ -156,9 +158,15 @@ class AsyncEngine:
         if self._task is None or self._task.done():
             raise EngineDeadError("the engine loop is not running")
         self.engine.check_request(prompt_ids, params)
+        # Refused here, at the door, or never: the scheduler counts samples (n per request), and
+        # a refusal from the step thread would come after a stream's 200 has been sent.
         limit = self.engine.config.max_waiting
-        pending = self.engine.num_waiting + self.num_pending
-        if limit is not None and pending >= limit:
+        if limit is not None and params.n > limit:
+            raise RequestError("n", f"n ({params.n}) exceeds the waiting queue's bound ({limit})")
+        pending = self.engine.num_waiting + sum(
+            op[3].n for op in tuple(self._inbox) if op[0] == "add" and op[3] is not None
+        )
+        if limit is not None and pending + params.n > limit:
             raise QueueFullError(f"{pending} requests are waiting (limit {limit}); try again later")
         if request_id in self._streams:
             raise ValueError(f"request {request_id!r} is already in flight")
@@ -217,7 +225,9 @@ class AsyncEngine:
         """Worker thread: apply the inbox, then one engine step."""
         deltas: list[Delta] = []
         while self._inbox:
-            op, request_id, prompt_ids, params = self._inbox.popleft()
+            # Peek, apply, then pop: a request stays counted (inbox or scheduler) throughout,
+            # so add_request on the event loop never sees room that is not there.
+            op, request_id, prompt_ids, params = self._inbox[0]
             if op == "add":
                 assert prompt_ids is not None and params is not None
                 try:
@@ -226,7 +236,10 @@ class AsyncEngine:
                     stream = self._streams.get(request_id)
                     if stream is not None:
                         stream.put_nowait(error)
+                finally:
+                    self._inbox.popleft()
             else:
+                self._inbox.popleft()
                 deltas.extend(self.engine.abort(request_id))
         if self.engine.has_unfinished:
             deltas.extend(self.engine.step())
