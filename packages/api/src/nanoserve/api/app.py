@@ -25,7 +25,10 @@ def require_api_key(connection: ASGIConnection, handler: BaseRouteHandler) -> No
         return
     given = connection.headers.get("authorization", "")
     if not hmac.compare_digest(given.encode(), f"Bearer {key}".encode()):
-        raise NotAuthorizedException("a valid API key is required: Authorization: Bearer <key>")
+        raise NotAuthorizedException(
+            "a valid API key is required: Authorization: Bearer <key>",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
 
 
 @get("/health", opt={"public": True}, sync_to_thread=False)
