@@ -94,6 +94,8 @@ class LLM:
     ) -> list[RequestOutput]:
         results: dict[str, RequestOutput] = {}
         order = []
+        for (_, ids), p in zip(encoded, params, strict=True):  # all or nothing: a bad prompt
+            self.engine.check_request(ids, p)  # must not leave the good ones queued behind it
         for (text, ids), p in zip(encoded, params, strict=True):
             request_id = f"offline-{next(self._ids)}"
             self.engine.add_request(request_id, ids, p)

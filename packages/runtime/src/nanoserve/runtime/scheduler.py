@@ -128,8 +128,16 @@ class Scheduler:
             seq.num_computed = seq.num_cached = len(cached) * self.blocks.block_size
             num_new = min(seq.uncomputed, budget)
             needed = seq.block_table.blocks_needed(seq.num_computed + num_new)
-            if not self.blocks.can_allocate(needed, self.watermark_blocks):
+            # The watermark keeps room for running sequences to grow; with none running it
+            # would only refuse a request that fits the pool exactly, forever.
+            watermark = self.watermark_blocks if self.running else 0
+            if not self.blocks.can_allocate(needed, watermark):
                 self.blocks.release(seq.block_table)
+                if self.blocks.enable_prefix_cache:
+                    # Not admitted, so not a cache query: it is matched again next step, and
+                    # counting every retry would report a hit rate no request saw.
+                    self.blocks.stats.queried_tokens -= len(tokens)
+                    self.blocks.stats.hit_tokens -= seq.num_cached
                 seq.num_computed = seq.num_cached = 0
                 break
             self.blocks.grow(seq.block_table, seq.num_computed + num_new)
