@@ -113,14 +113,23 @@ class BlockManager:
         return blocks
 
     def cache_full_blocks(
-        self, table: BlockTable, token_ids: Sequence[int], num_computed: int
+        self,
+        table: BlockTable,
+        token_ids: Sequence[int],
+        num_computed: int,
+        hashes: list[int] | None = None,
     ) -> None:
-        """Name every block whose positions are all computed, so later prompts can share it."""
+        """Name every block whose positions are all computed, so later prompts can share it.
+
+        `hashes`, if given, is the caller's list of the keys already computed for this table;
+        hashing resumes after them and appends, so a step hashes only newly full blocks.
+        """
         if not self.enable_prefix_cache:
             return
         bs = self.block_size
-        parent = 0
-        for i in range(num_computed // bs):
+        done = len(hashes) if hashes is not None else 0
+        parent = hashes[-1] if hashes else 0
+        for i in range(done, num_computed // bs):
             tokens = tuple(token_ids[i * bs : (i + 1) * bs])
             key = hash((parent, tokens))
             block = table.blocks[i]
@@ -129,6 +138,8 @@ class BlockManager:
                 self._by_key[key] = block
                 self._key_of[block] = key
                 self._tokens_of[block] = tokens
+            if hashes is not None:
+                hashes.append(key)
             parent = key
 
     def _evict_one(self) -> None:

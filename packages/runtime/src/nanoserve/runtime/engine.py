@@ -86,7 +86,8 @@ class Engine:
         self.prompt_tokens = 0
         self.generation_tokens = 0
         self.num_steps = 0
-        torch.manual_seed(config.seed)
+        # Unseeded sampling draws from the engine's own generator, never the process's.
+        self.generator = torch.Generator(device=model.device).manual_seed(config.seed)
 
     # -- requests ---------------------------------------------------------------------------
 
@@ -127,7 +128,9 @@ class Engine:
         vocab = self.model.config.vocab_size
         if not prompt_ids:
             raise RequestError("prompt", "the prompt is empty")
-        if any(not 0 <= t < vocab for t in prompt_ids):
+        if any(
+            not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < vocab for t in prompt_ids
+        ):
             raise RequestError("prompt", f"prompt token ids must be in [0, {vocab})")
         if len(prompt_ids) + params.max_tokens > max_len:
             raise RequestError(
@@ -177,7 +180,7 @@ class Engine:
             return []
         logits = self.runner.execute(out)  # check (at record time) + execute
         sampling = [item.seq for item in out.scheduled if item.samples]
-        result = sample(logits, [_sample_row(s) for s in sampling])  # sample
+        result = sample(logits, [_sample_row(s) for s in sampling], self.generator)  # sample
         self.num_steps += 1
         return self._commit(out, sampling, result)  # commit
 

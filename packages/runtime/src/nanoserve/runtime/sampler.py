@@ -27,8 +27,12 @@ class SampleResult:
     top_logprobs: list[list[tuple[int, float]]] | None  # per row, best first
 
 
-def sample(logits: torch.Tensor, rows: Sequence[SampleRow]) -> SampleResult:
-    """logits: [rows, vocab] float32 of the raw model; returns one token per row."""
+def sample(
+    logits: torch.Tensor, rows: Sequence[SampleRow], generator: torch.Generator | None = None
+) -> SampleResult:
+    """logits: [rows, vocab] float32 of the raw model; returns one token per row.
+
+    Unseeded rows draw from `generator` (the engine's own), seeded rows from theirs."""
     num_rows = logits.shape[0]
     params = [r.params for r in rows]
     raw = logits
@@ -55,7 +59,7 @@ def sample(logits: torch.Tensor, rows: Sequence[SampleRow]) -> SampleResult:
         probs = torch.softmax(scaled, dim=-1)  # [rows, vocab]
         # The exponential race: argmax(p / E) with E ~ Exp(1) draws from p. Seeded rows draw
         # their noise from their own generator, so a row's draw ignores its batch neighbours.
-        noise = torch.empty_like(probs).exponential_()
+        noise = torch.empty_like(probs).exponential_(generator=generator)
         for i, r in enumerate(rows):
             if r.generator is not None and not params[i].greedy:
                 noise[i].exponential_(generator=r.generator)

@@ -59,8 +59,10 @@ class SamplingParams:
             raise bad("top_k", "must be -1, 0 (off) or a positive integer")
         if not _in_range(self.min_p, 0.0, 1.0):
             raise bad("min_p", "must be in [0, 1]")
-        if self.seed is not None and not _is_int(self.seed):
-            raise bad("seed", "must be an integer")
+        if self.seed is not None and (
+            not _is_int(self.seed) or not -(2**63) <= self.seed < 2**63 - 64
+        ):
+            raise bad("seed", "must be an integer that fits in 64 bits")
         if not _in_range(self.presence_penalty, -2.0, 2.0):
             raise bad("presence_penalty", "must be in [-2, 2]")
         if not _in_range(self.frequency_penalty, -2.0, 2.0):

@@ -114,6 +114,7 @@ class Scheduler:
         self.blocks.release(seq.block_table)
         seq.num_computed = 0
         seq.num_cached = 0
+        seq.block_hashes.clear()
         seq.status = Status.WAITING
         self.waiting.appendleft(seq)
 
@@ -161,7 +162,9 @@ class Scheduler:
             if seq.finished:
                 continue
             seq.num_computed += item.num_new
-            self.blocks.cache_full_blocks(seq.block_table, seq.token_ids(), seq.num_computed)
+            self.blocks.cache_full_blocks(
+                seq.block_table, seq.token_ids(), seq.num_computed, seq.block_hashes
+            )
 
     def finish(self, seq: Sequence) -> None:
         """Free a finished or aborted sequence at once."""

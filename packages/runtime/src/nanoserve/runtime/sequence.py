@@ -50,6 +50,7 @@ class Sequence:
     output_ids: list[int] = field(default_factory=list)
     num_computed: int = 0
     num_cached: int = 0
+    block_hashes: list[int] = field(default_factory=list)  # prefix-cache keys of full blocks
     status: Status = Status.WAITING
     finish_reason: str | None = None
     text: str = ""  # decoded output so far, stop strings not yet cut
