@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 
 from nanoserve.core import SlotTable
 from nanoserve.runtime.engine_config import EngineConfigError
@@ -50,3 +51,40 @@ def test_modes_build_on_each_other() -> None:
         EngineConfig(persist_inputs=True)
     with pytest.raises(EngineConfigError, match="capture_decode needs persist_inputs"):
         EngineConfig(bucket_decode=True, capture_decode=True)
+
+
+def test_bfloat16_is_batch_invariant_without_float64(tiny_llama_dir: Path) -> None:
+    """bf16 attention runs in bf16 (oneDNN's kernels are invariant): alone == batched ==
+    recorded, tokens and logprobs, with no float64 anywhere."""
+    from nanoserve.runtime.checkpoint import load_checkpoint
+    from nanoserve.runtime.engine import Engine
+    from nanoserve.runtime.engine_config import EngineConfig
+    from nanoserve.runtime.model import LlamaModel
+    from nanoserve.runtime.sampling_params import SamplingParams
+
+    checkpoint = load_checkpoint(tiny_llama_dir)
+    model = LlamaModel.from_tensors(
+        checkpoint.config, checkpoint.tensors(), dtype=torch.bfloat16, max_positions=256
+    )
+    assert model.accum_dtype == torch.bfloat16
+    params = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True, logprobs=3)
+
+    def run(prompts: list[list[int]], **mode: object) -> dict[str, tuple]:
+        engine = Engine(
+            model,
+            checkpoint.tokenizer,
+            EngineConfig(
+                max_model_len=256, block_size=4, kv_budget_bytes=1 << 22, width_multiple=8, **mode
+            ),  # type: ignore[arg-type]
+        )
+        for i, ids in enumerate(prompts):
+            engine.add_request(str(i), ids, params)
+        out: dict[str, list] = {}
+        for delta in engine.run_until_done():
+            out.setdefault(delta.request_id, []).append((delta.token_ids, delta.logprobs))
+        return {k: tuple(v) for k, v in out.items()}
+
+    prompts = [[5, 17, 3, 99, 250, 31, 7], [120, 64, 8], [9] * 20, [3, 1, 4, 1, 5, 9, 2, 6]]
+    alone = run(prompts[:1])["0"]
+    assert run(prompts)["0"] == alone
+    assert run(prompts, **MODES["recorded"])["0"] == alone

@@ -1,9 +1,11 @@
 """Paged attention: K/V are read from the pool only through slot ids, masked by context length.
 
-Both functions reduce in `accum_dtype` (float32 by default) and return that dtype. With
-float64, a row's result no longer depends on how wide its rectangle was padded or which kernel
-shape computed it (summation-order differences vanish when rounded back to float32): that is
-the engine's batch-invariant mode.
+Both functions run their matmuls in `accum_dtype` (float32 by default; softmax statistics
+never below float32) and return that dtype. A row's result then does not depend on how wide
+its rectangle was padded or which kernel shape computed it in two cases measured here: float64
+(summation-order differences vanish when rounded back to float32), which is the engine's
+batch-invariant mode for float32 models, and bfloat16 (oneDNN's kernels are invariant), which
+bfloat16 models get for free. Float32 matmuls are not.
 """
 
 from __future__ import annotations
@@ -23,8 +25,8 @@ def _check_heads(num_heads: int, num_kv_heads: int) -> int:
 
 def paged_decode_attention(
     q: torch.Tensor,  # [rows, heads, head_dim]
-    k_pool: torch.Tensor,  # [slots + 1, kv_heads, head_dim]
-    v_pool: torch.Tensor,  # [slots + 1, kv_heads, head_dim]
+    k_pool: torch.Tensor,  # [kv_heads, slots + 1, head_dim]
+    v_pool: torch.Tensor,  # [kv_heads, slots + 1, head_dim]
     slot_rect: torch.Tensor,  # [rows, width]
     context_lens: torch.Tensor,  # [rows]
     scale: float,
@@ -32,7 +34,7 @@ def paged_decode_attention(
 ) -> torch.Tensor:  # [rows, heads, head_dim]
     """One query per row over that row's first context_lens[row] slots; a row of 0 gives zeros."""
     rows, num_heads, head_dim = q.shape
-    num_kv_heads = k_pool.shape[1]
+    num_kv_heads = k_pool.shape[0]
     group = _check_heads(num_heads, num_kv_heads)
     width = slot_rect.shape[1]
     if slot_rect.shape[0] != rows or context_lens.shape[0] != rows:
@@ -43,37 +45,37 @@ def paged_decode_attention(
     # Masked positions may name the sink, which holds anything. Read a visible slot there
     # instead (its weight is exactly 0 and its value finite, so it adds exactly 0); a row
     # with nothing visible is zeroed at the end.
-    safe_rect = torch.where(visible, slot_rect, slot_rect[:, :1])
-    k = _heads_first(k_pool[safe_rect], accum_dtype)  # [rows, kv_heads, width, head_dim]
-    v = _heads_first(v_pool[safe_rect], accum_dtype)
-    qg = q.to(accum_dtype).reshape(rows * num_kv_heads, group, head_dim)
-    scores = torch.bmm(qg, k.view(rows * num_kv_heads, width, head_dim).transpose(1, 2))
-    scores = scores.view(rows, num_kv_heads, group, width).mul_(scale)
-    scores.masked_fill_(~visible[:, None, None, :], float("-inf"))
-    # A fully masked row (padding) has max -inf; clamp it so exp gives 0 instead of NaN.
-    peak = scores.amax(dim=-1, keepdim=True).clamp_min(torch.finfo(accum_dtype).min)
-    weights = torch.exp(scores.sub_(peak))
-    weights.div_(weights.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(accum_dtype).tiny))
-    out = torch.bmm(
-        weights.view(rows * num_kv_heads, group, width),
-        v.view(rows * num_kv_heads, width, head_dim),
-    )  # [rows * kv_heads, group, head_dim]
-    out = out.view(rows, num_heads, head_dim)
-    return torch.where((context_lens > 0)[:, None, None], out, 0.0)
+    safe_rect = torch.where(visible, slot_rect, slot_rect[:, :1]).reshape(-1)
+    # Heads-first pools gather straight into the layout bmm reads: batch (kv_head, row).
+    k = _gather(k_pool, safe_rect, accum_dtype).view(num_kv_heads * rows, width, head_dim)
+    v = _gather(v_pool, safe_rect, accum_dtype).view(num_kv_heads * rows, width, head_dim)
+    qg = q.to(accum_dtype).view(rows, num_kv_heads, group, head_dim).transpose(0, 1)
+    qg = qg.reshape(num_kv_heads * rows, group, head_dim)
+    scores = torch.bmm(qg, k.transpose(1, 2)).view(num_kv_heads, rows, group, width)
+    scores = scores.to(_stats_dtype(accum_dtype)).mul_(scale)
+    scores.masked_fill_(~visible[None, :, None, :], float("-inf"))
+    # A fully masked row (padding) softmaxes to NaN; it is zeroed below.
+    weights = torch.softmax(scores, dim=-1).to(accum_dtype)
+    out = torch.bmm(weights.view(num_kv_heads * rows, group, width), v)
+    out = out.view(num_kv_heads, rows, group, head_dim).transpose(0, 1)
+    out = out.reshape(rows, num_heads, head_dim)
+    return torch.where((context_lens > 0)[:, None, None], out, torch.zeros((), dtype=out.dtype))
 
 
-def _heads_first(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """[rows, width, heads, dim] in any dtype -> a new contiguous [rows, heads, width, dim] in
-    dtype: the cast and the transpose in one pass, so bmm then reads it in place."""
-    rows, width, heads, dim = x.shape
-    out = torch.empty((rows, heads, width, dim), dtype=dtype, device=x.device)
-    return out.copy_(x.permute(0, 2, 1, 3))
+def _stats_dtype(accum_dtype: torch.dtype) -> torch.dtype:
+    """Softmax statistics never below float32: bf16 math keeps its matmuls, not its sums."""
+    return accum_dtype if torch.finfo(accum_dtype).bits >= 32 else torch.float32
+
+
+def _gather(pool: torch.Tensor, slots: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """pool[:, slots] as a new contiguous [kv_heads, len(slots), head_dim] tensor in dtype."""
+    return pool.index_select(1, slots).to(dtype)
 
 
 def paged_prefill_attention(
     q: torch.Tensor,  # [tokens, heads, head_dim]
-    k_pool: torch.Tensor,  # [slots + 1, kv_heads, head_dim]
-    v_pool: torch.Tensor,  # [slots + 1, kv_heads, head_dim]
+    k_pool: torch.Tensor,  # [kv_heads, slots + 1, head_dim]
+    v_pool: torch.Tensor,  # [kv_heads, slots + 1, head_dim]
     query_starts: Sequence[int],  # chunks + 1
     context_lens: Sequence[int],  # chunks: cached prefix + this chunk
     slot_rect: torch.Tensor,  # [chunks, width]
@@ -82,7 +84,7 @@ def paged_prefill_attention(
 ) -> torch.Tensor:  # [tokens, heads, head_dim]
     """Causal attention of each chunk's queries over its sequence's prefix and itself."""
     num_tokens, num_heads, head_dim = q.shape
-    num_kv_heads = k_pool.shape[1]
+    num_kv_heads = k_pool.shape[0]
     group = _check_heads(num_heads, num_kv_heads)
     if len(query_starts) != len(context_lens) + 1 or query_starts[-1] != num_tokens:
         raise GeometryError(
@@ -90,6 +92,7 @@ def paged_prefill_attention(
             f" into {len(context_lens)} chunks"
         )
     out = torch.empty((num_tokens, num_heads, head_dim), dtype=accum_dtype, device=q.device)
+    singles: list[int] = []  # chunks of one token: decode rows, done together below
     for chunk, context_len in enumerate(context_lens):
         start, end = query_starts[chunk], query_starts[chunk + 1]
         num_new = end - start
@@ -98,19 +101,32 @@ def paged_prefill_attention(
                 f"chunk {chunk}: {num_new} new tokens, context {context_len},"
                 f" rectangle width {slot_rect.shape[1]}"
             )
+        if num_new == 1:
+            singles.append(chunk)
+            continue
         slots = slot_rect[chunk, :context_len]  # [context]
-        k = _heads_first(k_pool[slots][None], accum_dtype)[0]  # [kv_heads, context, head_dim]
-        v = _heads_first(v_pool[slots][None], accum_dtype)[0]
+        k = _gather(k_pool, slots, accum_dtype)  # [kv_heads, context, head_dim]
+        v = _gather(v_pool, slots, accum_dtype)
         # [new, kv_heads, group, dim] -> [kv_heads, group * new, dim]: one bmm per chunk.
         qg = q[start:end].to(accum_dtype).view(num_new, num_kv_heads, group, head_dim)
         qg = qg.permute(1, 2, 0, 3).reshape(num_kv_heads, group * num_new, head_dim)
-        scores = torch.bmm(qg, k.transpose(1, 2)).mul_(scale)  # [kv_heads, group * new, context]
+        scores = torch.bmm(qg, k.transpose(1, 2))  # [kv_heads, group * new, context]
+        scores = scores.to(_stats_dtype(accum_dtype)).mul_(scale)
         scores = scores.view(num_kv_heads, group, num_new, context_len)
         query_pos = torch.arange(context_len - num_new, context_len, device=q.device)
         visible = torch.arange(context_len, device=q.device)[None, :] <= query_pos[:, None]
         scores.masked_fill_(~visible, float("-inf"))
-        weights = torch.softmax(scores, dim=-1).view(num_kv_heads, group * num_new, context_len)
+        weights = torch.softmax(scores, dim=-1).to(accum_dtype)
+        weights = weights.view(num_kv_heads, group * num_new, context_len)
         chunk_out = torch.bmm(weights, v).view(num_kv_heads, group, num_new, head_dim)
         chunk_out = chunk_out.permute(2, 0, 1, 3)  # [new, kv_heads, group, dim]
         out[start:end] = chunk_out.reshape(num_new, num_heads, head_dim)
+    if singles:
+        # A one-token chunk is a decode row: one batched call instead of one loop turn each.
+        index = torch.tensor(singles, device=q.device)
+        tokens = torch.tensor([query_starts[c] for c in singles], device=q.device)
+        lens = torch.tensor([context_lens[c] for c in singles], device=q.device)
+        out[tokens] = paged_decode_attention(
+            q[tokens], k_pool, v_pool, slot_rect[index], lens, scale, accum_dtype
+        )
     return out

@@ -23,6 +23,16 @@ from nanoserve.runtime.model_config import ModelConfig, rope_inv_freq
 INVARIANT_ROW_TILE = 4
 
 
+def attention_dtype(dtype: torch.dtype, batch_invariant: bool) -> torch.dtype:
+    """What attention's matmuls run in. bf16/fp16 models: their own dtype, whose (oneDNN)
+    kernels are batch- and width-invariant, at no cost. fp32 models: float64 when invariance
+    is asked for (padding width and kernel shape then leave no trace once rounded back),
+    else float32."""
+    if dtype in (torch.bfloat16, torch.float16):
+        return dtype
+    return torch.float64 if batch_invariant else torch.float32
+
+
 @dataclass(slots=True)
 class LayerWeights:
     qkv: torch.Tensor  # [(heads + 2 * kv_heads) * head_dim, hidden]
@@ -51,9 +61,7 @@ class LlamaModel:
         self.dtype = dtype
         self.device = torch.device(device)
         self.batch_invariant = batch_invariant
-        # Attention reduces in float64 in invariant mode so padding width and kernel shape
-        # leave no trace once rounded back; bf16 attention is slow on CPU, so never below fp32.
-        self.accum_dtype = torch.float64 if batch_invariant else torch.float32
+        self.accum_dtype = attention_dtype(dtype, batch_invariant)
         self.scale = config.head_dim**-0.5
 
         def take(name: str) -> torch.Tensor:
