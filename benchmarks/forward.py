@@ -94,7 +94,13 @@ def main() -> None:
     path = embedded_model_path()
     checkpoint = load_checkpoint(path)
     rows = []
-    for dtype in (torch.float32, torch.bfloat16):
+    # (dtype, batch invariant, quantization): invariance costs nothing in bf16 (its kernels
+    # are invariant), so it is measured on and off only in fp32.
+    configs = {
+        torch.float32: ((False, None), (True, None)),
+        torch.bfloat16: ((True, None), (True, "int8")),
+    }
+    for dtype, variants in configs.items():
         hf_model = None
         if not args.no_reference:
             hf_model = (
@@ -104,26 +110,28 @@ def main() -> None:
                 .to(dtype)
                 .eval()
             )
-        for invariant in (False, True):
+        ref_rates = (
+            {n: reference(hf_model, n, args.decode_tokens, args.repeats) for n in (64, 512)}
+            if hf_model
+            else None
+        )
+        for invariant, quantize in variants:
             model = LlamaModel.from_tensors(
                 checkpoint.config,
                 checkpoint.tensors(),
                 dtype=dtype,
                 batch_invariant=invariant,
                 max_positions=1024,
+                quantize=quantize,
             )
             ours_rates = {
                 n: ours(model, checkpoint.tokenizer, n, args.decode_tokens, args.repeats)
                 for n in (64, 512)
             }
-            ref_rates = (
-                {n: reference(hf_model, n, args.decode_tokens, args.repeats) for n in (64, 512)}
-                if hf_model
-                else None
-            )
             for n in (64, 512):
                 row = {
-                    "dtype": str(dtype).removeprefix("torch."),
+                    "dtype": str(dtype).removeprefix("torch.")
+                    + (f"+{quantize}" if quantize else ""),
                     "batch_invariant": invariant,
                     "prompt": n,
                     "prefill_tok_s": ours_rates[n][0],

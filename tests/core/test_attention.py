@@ -62,8 +62,7 @@ def pool(garbage: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
         k, v = KV[seq_id]
         k_pool[slots] = k[: len(slots)]
         v_pool[slots] = v[: len(slots)]
-    # The pool keeps heads first: [kv_heads, slots + 1, head_dim].
-    return k_pool.transpose(0, 1).contiguous(), v_pool.transpose(0, 1).contiguous()
+    return k_pool, v_pool
 
 
 def dense_attention(

@@ -140,10 +140,7 @@ def step(plan: DecodePlan, k_pool: torch.Tensor, v_pool: torch.Tensor) -> torch.
     k_pool.index_put_((plan.write_slots,), torch.full((rows, KV_HEADS, HEAD_DIM), 7.0))
     v_pool.index_put_((plan.write_slots,), torch.full((rows, KV_HEADS, HEAD_DIM), -7.0))
     q = torch.ones(rows, 4, HEAD_DIM)
-    # Attention reads the pool heads-first: [kv_heads, slots + 1, head_dim].
-    return paged_decode_attention(
-        q, k_pool.transpose(0, 1), v_pool.transpose(0, 1), plan.slot_rect, plan.context_lens, 0.5
-    )
+    return paged_decode_attention(q, k_pool, v_pool, plan.slot_rect, plan.context_lens, 0.5)
 
 
 def test_a_warm_step_touches_nothing(warm: DecodePlan) -> None:

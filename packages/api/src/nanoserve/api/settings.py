@@ -54,6 +54,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("--model", "model", str, "Hugging Face directory or GGUF file (default: embedded)"),
     Option("--dtype", "dtype", str, "float32 | bfloat16 (default float32)"),
     Option("--device", "device", str, "cpu | cuda (default cpu)"),
+    Option("--quantize", "quantize", str, "int8: weight-only int8 linears (fast decode)"),
     Option("--max-batch", "max_batch", int, "rows a step may hold (default 32)"),
     Option("--max-model-len", "max_model_len", int, "longest context served"),
     Option("--max-num-batched-tokens", "max_num_batched_tokens", int, "token budget per step"),

@@ -25,8 +25,8 @@ def _check_heads(num_heads: int, num_kv_heads: int) -> int:
 
 def paged_decode_attention(
     q: torch.Tensor,  # [rows, heads, head_dim]
-    k_pool: torch.Tensor,  # [kv_heads, slots + 1, head_dim]
-    v_pool: torch.Tensor,  # [kv_heads, slots + 1, head_dim]
+    k_pool: torch.Tensor,  # [slots + 1, kv_heads, head_dim]
+    v_pool: torch.Tensor,  # [slots + 1, kv_heads, head_dim]
     slot_rect: torch.Tensor,  # [rows, width]
     context_lens: torch.Tensor,  # [rows]
     scale: float,
@@ -34,7 +34,7 @@ def paged_decode_attention(
 ) -> torch.Tensor:  # [rows, heads, head_dim]
     """One query per row over that row's first context_lens[row] slots; a row of 0 gives zeros."""
     rows, num_heads, head_dim = q.shape
-    num_kv_heads = k_pool.shape[0]
+    num_kv_heads = k_pool.shape[1]
     group = _check_heads(num_heads, num_kv_heads)
     width = slot_rect.shape[1]
     if slot_rect.shape[0] != rows or context_lens.shape[0] != rows:
@@ -46,19 +46,17 @@ def paged_decode_attention(
     # instead (its weight is exactly 0 and its value finite, so it adds exactly 0); a row
     # with nothing visible is zeroed at the end.
     safe_rect = torch.where(visible, slot_rect, slot_rect[:, :1]).reshape(-1)
-    # Heads-first pools gather straight into the layout bmm reads: batch (kv_head, row).
-    k = _gather(k_pool, safe_rect, accum_dtype).view(num_kv_heads * rows, width, head_dim)
-    v = _gather(v_pool, safe_rect, accum_dtype).view(num_kv_heads * rows, width, head_dim)
-    qg = q.to(accum_dtype).view(rows, num_kv_heads, group, head_dim).transpose(0, 1)
-    qg = qg.reshape(num_kv_heads * rows, group, head_dim)
-    scores = torch.bmm(qg, k.transpose(1, 2)).view(num_kv_heads, rows, group, width)
+    # Batch (row, kv_head): K/V of a row's head are [width, head_dim] contiguous after _gather.
+    k = _gather(k_pool, safe_rect, rows, accum_dtype).view(rows * num_kv_heads, width, head_dim)
+    v = _gather(v_pool, safe_rect, rows, accum_dtype).view(rows * num_kv_heads, width, head_dim)
+    qg = q.to(accum_dtype).reshape(rows * num_kv_heads, group, head_dim)
+    scores = torch.bmm(qg, k.transpose(1, 2)).view(rows, num_kv_heads, group, width)
     scores = scores.to(_stats_dtype(accum_dtype)).mul_(scale)
-    scores.masked_fill_(~visible[None, :, None, :], float("-inf"))
+    scores.masked_fill_(~visible[:, None, None, :], float("-inf"))
     # A fully masked row (padding) softmaxes to NaN; it is zeroed below.
     weights = torch.softmax(scores, dim=-1).to(accum_dtype)
-    out = torch.bmm(weights.view(num_kv_heads * rows, group, width), v)
-    out = out.view(num_kv_heads, rows, group, head_dim).transpose(0, 1)
-    out = out.reshape(rows, num_heads, head_dim)
+    out = torch.bmm(weights.view(rows * num_kv_heads, group, width), v)
+    out = out.view(rows, num_heads, head_dim)
     return torch.where((context_lens > 0)[:, None, None], out, torch.zeros((), dtype=out.dtype))
 
 
@@ -67,15 +65,22 @@ def _stats_dtype(accum_dtype: torch.dtype) -> torch.dtype:
     return accum_dtype if torch.finfo(accum_dtype).bits >= 32 else torch.float32
 
 
-def _gather(pool: torch.Tensor, slots: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """pool[:, slots] as a new contiguous [kv_heads, len(slots), head_dim] tensor in dtype."""
-    return pool.index_select(1, slots).to(dtype)
+def _gather(pool: torch.Tensor, slots: torch.Tensor, rows: int, dtype: torch.dtype) -> torch.Tensor:
+    """pool[slots] for `rows` rows of slots, as a new contiguous [rows, kv_heads, width,
+    head_dim] in dtype. index_select on the slot dimension copies whole [kv_heads, head_dim]
+    rows (measured ~10x faster here than advanced indexing); the cast and the transpose to
+    heads-before-width then happen in one pass."""
+    gathered = pool.index_select(0, slots)  # [rows * width, kv_heads, head_dim]
+    width = slots.shape[0] // rows
+    _, kv_heads, head_dim = pool.shape
+    out = torch.empty((rows, kv_heads, width, head_dim), dtype=dtype, device=pool.device)
+    return out.copy_(gathered.view(rows, width, kv_heads, head_dim).transpose(1, 2))
 
 
 def paged_prefill_attention(
     q: torch.Tensor,  # [tokens, heads, head_dim]
-    k_pool: torch.Tensor,  # [kv_heads, slots + 1, head_dim]
-    v_pool: torch.Tensor,  # [kv_heads, slots + 1, head_dim]
+    k_pool: torch.Tensor,  # [slots + 1, kv_heads, head_dim]
+    v_pool: torch.Tensor,  # [slots + 1, kv_heads, head_dim]
     query_starts: Sequence[int],  # chunks + 1
     context_lens: Sequence[int],  # chunks: cached prefix + this chunk
     slot_rect: torch.Tensor,  # [chunks, width]
@@ -84,7 +89,7 @@ def paged_prefill_attention(
 ) -> torch.Tensor:  # [tokens, heads, head_dim]
     """Causal attention of each chunk's queries over its sequence's prefix and itself."""
     num_tokens, num_heads, head_dim = q.shape
-    num_kv_heads = k_pool.shape[0]
+    num_kv_heads = k_pool.shape[1]
     group = _check_heads(num_heads, num_kv_heads)
     if len(query_starts) != len(context_lens) + 1 or query_starts[-1] != num_tokens:
         raise GeometryError(
@@ -105,8 +110,8 @@ def paged_prefill_attention(
             singles.append(chunk)
             continue
         slots = slot_rect[chunk, :context_len]  # [context]
-        k = _gather(k_pool, slots, accum_dtype)  # [kv_heads, context, head_dim]
-        v = _gather(v_pool, slots, accum_dtype)
+        k = _gather(k_pool, slots, 1, accum_dtype)[0]  # [kv_heads, context, head_dim]
+        v = _gather(v_pool, slots, 1, accum_dtype)[0]
         # [new, kv_heads, group, dim] -> [kv_heads, group * new, dim]: one bmm per chunk.
         qg = q[start:end].to(accum_dtype).view(num_new, num_kv_heads, group, head_dim)
         qg = qg.permute(1, 2, 0, 3).reshape(num_kv_heads, group * num_new, head_dim)

@@ -58,6 +58,7 @@ def build_engine(config: EngineConfig, *, say: Callable[[str], None] | None = No
         device=config.device,
         batch_invariant=config.batch_invariant,
         max_positions=config.max_model_len,
+        quantize=config.quantize,
     )
     try:
         chat_template: ChatTemplate | None = ChatTemplate.from_checkpoint(checkpoint)
@@ -127,7 +128,8 @@ def boot_line(engine: Engine, seconds: float) -> str:
     plan = engine.pool_plan
     parts = [
         f"nanoserve ready: model={engine.name}",
-        f"dtype={engine.config.dtype}",
+        f"dtype={engine.config.dtype}"
+        + (f"+{engine.config.quantize}" if engine.config.quantize else ""),
         f"device={engine.config.device}",
         f"kv_blocks={plan.num_blocks}x{plan.block_size}",
     ]

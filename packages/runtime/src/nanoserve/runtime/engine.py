@@ -17,6 +17,7 @@ from nanoserve.runtime.chat_template import ChatTemplate
 from nanoserve.runtime.engine_config import EngineConfig
 from nanoserve.runtime.graphs import Backend
 from nanoserve.runtime.kv_pool import KVPool
+from nanoserve.runtime.memory import keep_freed_memory
 from nanoserve.runtime.model import LlamaModel
 from nanoserve.runtime.runner import ModelRunner
 from nanoserve.runtime.sampler import SampleRow, sample
@@ -65,6 +66,8 @@ class Engine:
             block_size=config.block_size,
             budget_bytes=config.kv_budget_bytes,
         )
+        if model.device.type == "cpu":
+            keep_freed_memory()
         self.pool = KVPool(self.pool_plan, model.device)
         self.blocks = BlockManager(
             self.pool_plan.num_blocks,

@@ -19,6 +19,7 @@ class EngineConfigError(NanoserveError, ValueError):
 class EngineConfig:
     model: str | None = None  # a Hugging Face directory or a GGUF file; None: the embedded model
     dtype: str = "float32"
+    quantize: str | None = None  # "int8": weight-only int8 linears (fast small-batch decode)
     device: str = "cpu"
     max_batch: int = 32  # rows a step may hold: the scheduler's row limit and the warm list's
     max_model_len: int | None = None  # None: the model's limit, capped at 4096
@@ -42,6 +43,8 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
             raise EngineConfigError(f"dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
+        if self.quantize not in (None, "int8"):
+            raise EngineConfigError(f"quantize must be int8 or unset, got {self.quantize!r}")
         if self.device.split(":")[0] not in ("cpu", "cuda"):
             raise EngineConfigError(f"device must be cpu or cuda, got {self.device!r}")
         for name in ("max_batch", "max_num_batched_tokens", "block_size", "width_multiple"):

@@ -17,10 +17,10 @@ from nanoserve.core.errors import GeometryError
 
 
 class KVPool:
-    """Layer l's K/V live in one tensor [2, kv_heads, num_slots + 1, head_dim].
+    """Layer l's K/V live in one tensor [2, num_slots + 1, kv_heads, head_dim].
 
-    K and V share a tensor so a layer's write is one index_put; heads come first so that a
-    gather of slots lands in the layout attention's bmm reads. The last entry is the sink slot:
+    K and V share a tensor so a layer's write is one indexed copy; slots come first so a
+    gather copies whole [kv_heads, head_dim] rows. The last entry is the sink slot:
     padded rows write there and no block table names it. A layer's storage appears on its
     first write (`_ensure_pool`), so a warm-up's throwaway writes make the pool resident before
     the first request.
@@ -42,7 +42,7 @@ class KVPool:
     def _ensure_pool(self, layer: int) -> torch.Tensor:
         pool = self._layers[layer]
         if pool is None:
-            shape = (2, self.plan.num_kv_heads, self.plan.num_slots + 1, self.plan.head_dim)
+            shape = (2, self.plan.num_slots + 1, self.plan.num_kv_heads, self.plan.head_dim)
             pool = torch.zeros(shape, dtype=self.plan.dtype, device=self.device)
             self._layers[layer] = pool
         return pool
@@ -55,16 +55,16 @@ class KVPool:
         v: torch.Tensor,  # [tokens, kv_heads, head_dim]
     ) -> None:
         pool = self._ensure_pool(layer)
-        pool[:, :, slots] = torch.stack((k, v)).transpose(1, 2).to(pool.dtype)
+        pool.index_copy_(1, slots, torch.stack((k, v)).to(pool.dtype))
 
     def layer(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """(k_pool, v_pool) of a layer, each [kv_heads, num_slots + 1, head_dim]."""
+        """(k_pool, v_pool) of a layer, each [num_slots + 1, kv_heads, head_dim]."""
         pool = self._ensure_pool(layer)
         return pool[0], pool[1]
 
     def pools(self) -> list[torch.Tensor]:
-        """Every resident layer's K and V as [num_slots + 1, kv_heads, head_dim] views."""
-        return [kv.transpose(0, 1) for t in self._layers if t is not None for kv in (t[0], t[1])]
+        """Every resident layer's K and V, each [num_slots + 1, kv_heads, head_dim]."""
+        return [kv for t in self._layers if t is not None for kv in (t[0], t[1])]
 
     def snapshot(self) -> list[torch.Tensor]:
         """Copies of pools(), for the warm-up's before/after comparison."""

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import ctypes
+import sys
+
 import torch
 
 
@@ -23,3 +26,25 @@ def host_available_bytes() -> int:
     except OSError:
         pass
     return 1 << 30
+
+
+def keep_freed_memory() -> bool:
+    """Stop glibc handing each step's large temporaries back to the OS.
+
+    By default glibc serves allocations over 128 KiB with mmap and frees them with munmap (and
+    trims the heap top), so every decode step faults its gather and score buffers in afresh:
+    measured here, a 64-row step took 400 ms that way and 178 ms with freed memory kept. One
+    call per process; returns whether the settings took (False off glibc)."""
+    if sys.platform != "linux":
+        return False
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return False
+    m_trim_threshold, m_top_pad, m_mmap_threshold = -1, -2, -3
+    settings = (
+        (m_mmap_threshold, 32 << 20),
+        (m_trim_threshold, (1 << 31) - 1),
+        (m_top_pad, 256 << 20),
+    )
+    return all(libc.mallopt(option, value) == 1 for option, value in settings)

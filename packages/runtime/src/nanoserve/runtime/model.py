@@ -15,6 +15,7 @@ import torch.nn.functional as F
 
 from nanoserve.core import DecodePlan, PrefillPlan
 from nanoserve.runtime.errors import WeightsError
+from nanoserve.runtime.int8_weight import Int8Weight
 from nanoserve.runtime.kv_pool import CacheRows
 from nanoserve.runtime.model_config import ModelConfig, rope_inv_freq
 
@@ -33,13 +34,17 @@ def attention_dtype(dtype: torch.dtype, batch_invariant: bool) -> torch.dtype:
     return torch.float64 if batch_invariant else torch.float32
 
 
+Linear = torch.Tensor | Int8Weight
+QUANTIZATIONS = ("int8",)
+
+
 @dataclass(slots=True)
 class LayerWeights:
-    qkv: torch.Tensor  # [(heads + 2 * kv_heads) * head_dim, hidden]
+    qkv: Linear  # [(heads + 2 * kv_heads) * head_dim, hidden]
     qkv_bias: torch.Tensor | None
-    o: torch.Tensor  # [hidden, heads * head_dim]
-    gate_up: torch.Tensor  # [2 * intermediate, hidden]
-    down: torch.Tensor  # [hidden, intermediate]
+    o: Linear  # [hidden, heads * head_dim]
+    gate_up: Linear  # [2 * intermediate, hidden]
+    down: Linear  # [hidden, intermediate]
     input_norm: torch.Tensor  # [hidden]
     post_norm: torch.Tensor  # [hidden]
 
@@ -56,8 +61,12 @@ class LlamaModel:
         device: torch.device | str = "cpu",
         batch_invariant: bool = True,
         max_positions: int | None = None,
+        quantize: str | None = None,
     ) -> None:
+        if quantize is not None and quantize not in QUANTIZATIONS:
+            raise ValueError(f"quantize must be one of {QUANTIZATIONS} or None, got {quantize!r}")
         self.config = config
+        self.quantize = quantize
         self.dtype = dtype
         self.device = torch.device(device)
         self.batch_invariant = batch_invariant
@@ -95,7 +104,16 @@ class LlamaModel:
             )
         self.norm = take("model.norm.weight")
         lm_head = take_optional("lm_head.weight")
-        self.lm_head = self.embed if lm_head is None or config.tie_word_embeddings else lm_head
+        self.lm_head: Linear = (
+            self.embed if lm_head is None or config.tie_word_embeddings else lm_head
+        )
+        if quantize == "int8":
+            # The embedding table stays as it is for lookups; the output projection (tied or
+            # not) and every layer's linears become int8.
+            self.lm_head = Int8Weight.quantize(self.lm_head, dtype)
+            for layer in self.layers:
+                for name in ("qkv", "o", "gate_up", "down"):
+                    setattr(layer, name, Int8Weight.quantize(getattr(layer, name), dtype))
         inv_freq = rope_inv_freq(config).to(self.device, torch.float32)  # [head_dim / 2]
         # The rotary table covers what the deployment serves, not a 128k-position config.
         positions = min(config.max_position_embeddings, max_positions or 1 << 62)
@@ -117,9 +135,9 @@ class LlamaModel:
 
     # -- pieces ---------------------------------------------------------------------------
 
-    def _linear(
-        self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None
-    ) -> torch.Tensor:
+    def _linear(self, x: torch.Tensor, w: Linear, b: torch.Tensor | None = None) -> torch.Tensor:
+        if isinstance(w, Int8Weight):
+            return w.matmul(x, b)
         rows = x.shape[0]
         pad = -rows % INVARIANT_ROW_TILE
         if self.batch_invariant and pad and x.dtype == torch.float32:
