@@ -42,7 +42,7 @@ class _EngineCollector(Collector):
         yield gauge(
             "num_requests_waiting",
             "Requests waiting to be admitted (TotalQueuedRequests).",
-            stats["waiting"] + async_engine.num_pending,
+            stats["waiting_requests"] + async_engine.num_pending,
         )
         yield gauge(
             "kv_cache_usage_perc",

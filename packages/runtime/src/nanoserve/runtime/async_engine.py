@@ -39,7 +39,8 @@ class RequestTimes:
 
     arrival: float
     first_token: float | None = None
-    token_times: list[float] = field(default_factory=list)
+    token_times: list[float] = field(default_factory=list)  # every sample's, merged
+    sample_times: dict[int, list[float]] = field(default_factory=dict)  # per sample index
     finish_reasons: list[str] = field(default_factory=list)
     prompt_tokens: int = 0
     completion_tokens: int = 0
@@ -49,7 +50,8 @@ class RequestTimes:
         return None if self.first_token is None else self.first_token - self.arrival
 
     def inter_token(self) -> list[float]:
-        return [b - a for a, b in itertools.pairwise(self.token_times)]
+        """Gaps between consecutive tokens of the same sample (n samples do not interleave)."""
+        return [b - a for times in self.sample_times.values() for a, b in itertools.pairwise(times)]
 
 
 class RequestStream:
@@ -91,6 +93,7 @@ class RequestStream:
             if self.times.first_token is None:
                 self.times.first_token = now
             self.times.token_times.append(now)
+            self.times.sample_times.setdefault(item.index, []).append(now)
             self.times.completion_tokens += len(item.token_ids)
         if item.finish_reason is not None:
             self.remaining -= 1

@@ -170,7 +170,12 @@ class Engine:
 
     @property
     def num_waiting(self) -> int:
+        """Waiting sequences (a request of n samples counts n)."""
         return len(self.scheduler.waiting)
+
+    @property
+    def num_waiting_requests(self) -> int:
+        return len({seq.request_id for seq in tuple(self.scheduler.waiting)})
 
     # -- the step ---------------------------------------------------------------------------
 
@@ -247,6 +252,7 @@ class Engine:
         return {
             "running": self.num_running,
             "waiting": self.num_waiting,
+            "waiting_requests": self.num_waiting_requests,
             "kv_blocks_total": self.blocks.num_blocks,
             "kv_blocks_in_use": self.blocks.num_in_use,
             "kv_cache_usage": self.blocks.usage(),
