@@ -181,9 +181,12 @@ def test_nanoserve_imports_as_a_namespace() -> None:
     import nanoserve
     import nanoserve.core
 
+    # A namespace package: no __file__, and nanoserve.core is a regular package inside it,
+    # whether installed editable (the source tree) or built (site-packages, as in nox -s core).
     assert getattr(nanoserve, "__file__", None) is None
-    core_dir = (PACKAGES / "core" / "src" / "nanoserve").resolve()
-    assert core_dir in {Path(p).resolve() for p in nanoserve.__path__}
+    core_file = Path(nanoserve.core.__file__).resolve()
+    assert core_file.name == "__init__.py" and core_file.parent.name == "core"
+    assert core_file.parent.parent in {Path(p).resolve() for p in nanoserve.__path__}
 
 
 # --- the checker itself flags planted violations ------------------------------------------------

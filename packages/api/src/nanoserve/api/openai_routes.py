@@ -3,13 +3,11 @@
 Handlers translate HTTP to engine calls and back. Each prompt x sample is one engine
 sequence; deltas of several prompts are merged into one stream. Leaving a stream early (a
 client gone) closes the engine iterators, which aborts their requests and frees their blocks;
-a client that leaves before a non-streamed answer is ready does the same (`_Merged.drain`).
+a client that leaves before a non-streamed answer is ready does the same (`MergedStream.drain`).
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -20,6 +18,13 @@ from litestar.params import JSONBody
 from litestar.response import ServerSentEvent
 
 from nanoserve.api.errors import APIError
+from nanoserve.api.merged_stream import MergedStream
+from nanoserve.api.response_builders import (
+    Choice,
+    chat_logprobs,
+    completion_logprobs,
+    usage,
+)
 from nanoserve.api.schemas import (
     AssistantMessage,
     ChatChoice,
@@ -28,16 +33,11 @@ from nanoserve.api.schemas import (
     ChatCompletionResponse,
     ChatDelta,
     ChatRequest,
-    ChoiceLogprobs,
     CompletionChoice,
-    CompletionLogprobs,
     CompletionRequest,
     CompletionResponse,
     ModelCard,
     ModelList,
-    PromptTokensDetails,
-    TokenLogprob,
-    TopLogprob,
     Usage,
     encode,
 )
@@ -45,153 +45,8 @@ from nanoserve.api.state import ServerState
 from nanoserve.api.translate import chat_prompt, check_model, completion_prompts, sampling_params
 from nanoserve.runtime.async_engine import RequestStream
 from nanoserve.runtime.engine import Engine
-from nanoserve.runtime.sequence import Delta
-from nanoserve.runtime.tokenizer import Tokenizer
 
 DONE = "[DONE]"
-
-
-class _Merged:
-    """Deltas of several engine requests as one stream. Each was validated and queued when
-    submitted, so refusals (a full queue, a bad prompt) surfaced before any byte was sent."""
-
-    def __init__(self, streams: list[RequestStream]) -> None:
-        self._streams = streams
-        self._queue: asyncio.Queue[tuple[int, Delta] | BaseException | None] = asyncio.Queue()
-        self._tasks: list[asyncio.Task[None]] = []
-        self._live = len(streams)
-
-    def start(self) -> None:
-        for index, stream in enumerate(self._streams):
-            self._tasks.append(asyncio.create_task(self._pump(index, stream)))
-
-    async def _pump(self, index: int, stream: RequestStream) -> None:
-        try:
-            async for delta in stream:
-                self._queue.put_nowait((index, delta))
-        except BaseException as error:
-            self._queue.put_nowait(error)
-        finally:
-            self._queue.put_nowait(None)
-
-    async def __aiter__(self) -> AsyncIterator[tuple[int, Delta]]:
-        live = self._live
-        while live:
-            item = await self._queue.get()
-            if item is None:
-                live -= 1
-                continue
-            if isinstance(item, BaseException):
-                raise item
-            yield item
-
-    async def drain(self, request: Request) -> list[tuple[int, Delta]]:
-        """Every delta, for a non-streamed answer. A client that disconnects first aborts the
-        requests at once, rather than leaving them to run to max_tokens for nobody."""
-
-        async def collect() -> list[tuple[int, Delta]]:
-            return [item async for item in self]
-
-        work = asyncio.create_task(collect())
-        gone = asyncio.create_task(_disconnected(request))
-        try:
-            await asyncio.wait((work, gone), return_when=asyncio.FIRST_COMPLETED)
-            if not work.done():
-                raise APIError(499, "the client closed the connection")
-            return work.result()
-        finally:
-            for task in (work, gone):
-                task.cancel()
-            await asyncio.wait((work, gone))
-            await self.close()
-
-    async def close(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(BaseException):
-                await task
-        for stream in self._streams:
-            await stream.aclose()
-
-
-async def _disconnected(request: Request) -> None:
-    """Returns when the client has gone (the body was read already: only a disconnect is left)."""
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
-
-
-def _token_text(tokenizer: Tokenizer, token_id: int) -> str:
-    return tokenizer.decode([token_id])
-
-
-def _usage(prompt: int, completion: int, cached: int) -> Usage:
-    return Usage(
-        prompt_tokens=prompt,
-        completion_tokens=completion,
-        total_tokens=prompt + completion,
-        prompt_tokens_details=PromptTokensDetails(cached_tokens=cached),
-    )
-
-
-class _Choice:
-    """One (prompt, sample) as it accumulates."""
-
-    __slots__ = ("finish_reason", "logprobs", "text", "token_ids", "top")
-
-    def __init__(self) -> None:
-        self.text = ""
-        self.token_ids: list[int] = []
-        self.logprobs: list[float] = []
-        self.top: list[tuple[tuple[int, float], ...]] = []
-        self.finish_reason: str | None = None
-
-    def add(self, delta: Delta) -> None:
-        self.text += delta.text
-        self.token_ids.extend(delta.token_ids)
-        if delta.logprobs is not None:
-            self.logprobs.extend(delta.logprobs)
-            self.top.extend(delta.top_logprobs or ())
-        if delta.finish_reason is not None:
-            self.finish_reason = delta.finish_reason
-
-
-def _completion_logprobs(
-    tokenizer: Tokenizer, token_ids: list[int], logprobs: list[float], top: list, offset: int
-) -> CompletionLogprobs:
-    tokens = [_token_text(tokenizer, t) for t in token_ids]
-    offsets, at = [], offset
-    for token in tokens:
-        offsets.append(at)
-        at += len(token)
-    return CompletionLogprobs(
-        tokens=tokens,
-        token_logprobs=logprobs,
-        top_logprobs=[{_token_text(tokenizer, t): lp for t, lp in entry} for entry in top],
-        text_offset=offsets,
-    )
-
-
-def _chat_logprobs(
-    tokenizer: Tokenizer, token_ids: list[int], logprobs: list[float], top: list
-) -> ChoiceLogprobs:
-    content = []
-    for token_id, lp, entry in zip(token_ids, logprobs, top, strict=False):
-        text = _token_text(tokenizer, token_id)
-        content.append(
-            TokenLogprob(
-                token=text,
-                logprob=lp,
-                bytes=list(text.encode()),
-                top_logprobs=[
-                    TopLogprob(
-                        token=(t := _token_text(tokenizer, i)), logprob=v, bytes=list(t.encode())
-                    )
-                    for i, v in entry
-                ],
-            )
-        )
-    return ChoiceLogprobs(content=content)
 
 
 def _sse(data: str | bytes) -> dict[str, Any]:
@@ -237,7 +92,7 @@ class OpenAIController(Controller):
             for stream in streams:
                 await stream.aclose()
             raise
-        merged = _Merged(streams)
+        merged = MergedStream(streams)
         merged.start()
         n = params.n
         tokenizer = engine.tokenizer
@@ -263,7 +118,7 @@ class OpenAIController(Controller):
                         cached = max(cached, delta.cached_tokens)
                         logprobs = None
                         if delta.logprobs is not None:
-                            logprobs = _completion_logprobs(
+                            logprobs = completion_logprobs(
                                 tokenizer,
                                 list(delta.token_ids),
                                 list(delta.logprobs),
@@ -292,7 +147,7 @@ class OpenAIController(Controller):
                             created=created,
                             model=engine.name,
                             choices=[],
-                            usage=_usage(prompt_tokens, completion, cached),
+                            usage=usage(prompt_tokens, completion, cached),
                         )
                         yield _sse(encode(chunk))
                     yield _sse(DONE)
@@ -301,7 +156,7 @@ class OpenAIController(Controller):
 
             return ServerSentEvent(events())
 
-        choices = [[_Choice() for _ in range(n)] for _ in prompts]
+        choices = [[Choice() for _ in range(n)] for _ in prompts]
         cached = 0
         for prompt_index, delta in await merged.drain(request):
             choices[prompt_index][delta.index].add(delta)
@@ -311,7 +166,7 @@ class OpenAIController(Controller):
             for i, choice in enumerate(row):
                 logprobs = None
                 if data.logprobs is not None:
-                    logprobs = _completion_logprobs(
+                    logprobs = completion_logprobs(
                         tokenizer, choice.token_ids, choice.logprobs, choice.top, len(echo_text[p])
                     )
                 out.append(
@@ -329,7 +184,7 @@ class OpenAIController(Controller):
                 created=created,
                 model=engine.name,
                 choices=out,
-                usage=_usage(prompt_tokens, completion, cached),
+                usage=usage(prompt_tokens, completion, cached),
             )
         )
 
@@ -360,7 +215,7 @@ class OpenAIController(Controller):
         )
         request_id = f"chatcmpl-{uuid.uuid4().hex}"
         created = int(time.time())
-        merged = _Merged([async_engine.submit(request_id, prompt_ids, params)])
+        merged = MergedStream([async_engine.submit(request_id, prompt_ids, params)])
         merged.start()
         tokenizer = engine.tokenizer
         n = params.n
@@ -403,7 +258,7 @@ class OpenAIController(Controller):
                             continue
                         lp = None
                         if delta.logprobs is not None:
-                            lp = _chat_logprobs(
+                            lp = chat_logprobs(
                                 tokenizer,
                                 list(delta.token_ids),
                                 list(delta.logprobs),
@@ -422,14 +277,14 @@ class OpenAIController(Controller):
                             ]
                         )
                     if include_usage:
-                        yield chunk([], _usage(len(prompt_ids), completion, cached))
+                        yield chunk([], usage(len(prompt_ids), completion, cached))
                     yield _sse(DONE)
                 finally:
                     await merged.close()
 
             return ServerSentEvent(events())
 
-        choices = [_Choice() for _ in range(n)]
+        choices = [Choice() for _ in range(n)]
         cached = 0
         for _, delta in await merged.drain(request):
             choices[delta.index].add(delta)
@@ -443,14 +298,14 @@ class OpenAIController(Controller):
                     ChatChoice(
                         index=i,
                         message=AssistantMessage(content=c.text),
-                        logprobs=_chat_logprobs(tokenizer, c.token_ids, c.logprobs, c.top)
+                        logprobs=chat_logprobs(tokenizer, c.token_ids, c.logprobs, c.top)
                         if logprobs is not None
                         else None,
                         finish_reason=c.finish_reason,
                     )
                     for i, c in enumerate(choices)
                 ],
-                usage=_usage(len(prompt_ids), sum(len(c.token_ids) for c in choices), cached),
+                usage=usage(len(prompt_ids), sum(len(c.token_ids) for c in choices), cached),
             )
         )
 

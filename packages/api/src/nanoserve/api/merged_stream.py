@@ -1,0 +1,88 @@
+"""MergedStream: several engine requests' deltas as one stream, for one HTTP answer.
+
+Each request was validated and queued when submitted, so refusals surface before any byte is
+sent. Closing the merged stream (a client gone) closes every engine stream, which aborts the
+requests and frees their blocks at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+
+from litestar import Request
+
+from nanoserve.api.errors import APIError
+from nanoserve.runtime.async_engine import RequestStream
+from nanoserve.runtime.sequence import Delta
+
+
+class MergedStream:
+    """Deltas of several engine requests as one stream. Each was validated and queued when
+    submitted, so refusals (a full queue, a bad prompt) surfaced before any byte was sent."""
+
+    def __init__(self, streams: list[RequestStream]) -> None:
+        self._streams = streams
+        self._queue: asyncio.Queue[tuple[int, Delta] | BaseException | None] = asyncio.Queue()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._live = len(streams)
+
+    def start(self) -> None:
+        for index, stream in enumerate(self._streams):
+            self._tasks.append(asyncio.create_task(self._pump(index, stream)))
+
+    async def _pump(self, index: int, stream: RequestStream) -> None:
+        try:
+            async for delta in stream:
+                self._queue.put_nowait((index, delta))
+        except BaseException as error:
+            self._queue.put_nowait(error)
+        finally:
+            self._queue.put_nowait(None)
+
+    async def __aiter__(self) -> AsyncIterator[tuple[int, Delta]]:
+        live = self._live
+        while live:
+            item = await self._queue.get()
+            if item is None:
+                live -= 1
+                continue
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+
+    async def drain(self, request: Request) -> list[tuple[int, Delta]]:
+        """Every delta, for a non-streamed answer. A client that disconnects first aborts the
+        requests at once, rather than leaving them to run to max_tokens for nobody."""
+
+        async def collect() -> list[tuple[int, Delta]]:
+            return [item async for item in self]
+
+        work = asyncio.create_task(collect())
+        gone = asyncio.create_task(_disconnected(request))
+        try:
+            await asyncio.wait((work, gone), return_when=asyncio.FIRST_COMPLETED)
+            if not work.done():
+                raise APIError(499, "the client closed the connection")
+            return work.result()
+        finally:
+            for task in (work, gone):
+                task.cancel()
+            await asyncio.wait((work, gone))
+            await self.close()
+
+    async def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(BaseException):
+                await task
+        for stream in self._streams:
+            await stream.aclose()
+
+
+async def _disconnected(request: Request) -> None:
+    """Returns when the client has gone (the body was read already: only a disconnect is left)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
