@@ -93,6 +93,7 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=64)
     parser.add_argument("--max-batch", type=int, default=64)
     parser.add_argument("--hf-batch", type=int, default=32)
+    parser.add_argument("--max-num-batched-tokens", type=int, default=1024)
     parser.add_argument("--batch-invariant", type=int, default=0)
     parser.add_argument("--skip-reference", action="store_true")
     args = parser.parse_args()
@@ -103,7 +104,7 @@ def main() -> None:
         dtype=args.dtype,
         max_batch=args.max_batch,
         max_model_len=1024,
-        max_num_batched_tokens=1024,
+        max_num_batched_tokens=args.max_num_batched_tokens,
         kv_budget_bytes=3 << 30,
         batch_invariant=bool(args.batch_invariant),
     )
