@@ -187,6 +187,10 @@ class DecodeGraphs:
         self.num_replays += 1
         return self.backend.replay(recording.handle)
 
+    def discard(self, shape: Shape) -> None:
+        """Forget shape's recording (a warm-up probe the time budget then trimmed away)."""
+        self.recordings.pop(shape, None)
+
     def run(self, plan: DecodePlan, cache: CacheRows, *, cold: bool) -> torch.Tensor:
         """Replay the shape's recording; record it first (lazily) when none serves these rows."""
         if self.can_replay(plan):
