@@ -1,5 +1,6 @@
 """A server started with --capture warms before it serves: /health is 503 while it records
-the warm list, then 200 with the warm plan beside the pool plan, and no cold recording."""
+the warm list (its phase the estimate, said before the work), then 200 with the warm plan
+beside the pool plan, the estimate beside the actual seconds, and no cold recording."""
 
 from __future__ import annotations
 
@@ -44,12 +45,21 @@ def test_health_is_503_while_warming_then_reports_the_warm_plan() -> None:
             phases.append(response.json()["phase"])
             time.sleep(0.05)
         assert body, f"not ready in time; phases seen: {phases[-3:]}"
-        assert any(p.startswith("warming 24 decode shapes") for p in phases), set(phases)
+        # The estimate is the phase while the list is recorded (24 x ~0.1 s on a CPU).
+        warming = [p for p in phases if p.startswith("warming 24 decode shapes")]
+        assert warming, set(phases)
+        head, tail = warming[0].split(" estimated ")
+        assert head == "warming 24 decode shapes (rows <= 4, width <= 256):"
+        assert "s/shape measured at 1x32 and 4x256); time budget 30 s, memory ceiling " in tail
         warm = body["warm"]
         # rows 1, 2, 4 x widths 32 .. 256: recorded biggest first, every one before serving.
         assert warm["num_shapes"] == 24 and warm["shapes"][0] == [4, 256]
         assert warm["max_rows"] == 4 and warm["max_width"] == 256 and warm["skipped"] == []
-        assert warm["seconds"] > 0 and body["kv_pool"]["num_blocks"] > 0
+        assert warm["seconds"] > 0 and warm["estimated_seconds"] > 0
+        assert warm["budget_seconds"] == 30.0 and warm["time_ceiling"] == 256
+        assert [p["shape"] for p in warm["probes"]] == [[4, 256], [1, 32]]
+        assert warm["width_ceiling"] > 256 and warm["budget_bytes"] > 0
+        assert body["kv_pool"]["num_blocks"] > 0
         completion = httpx.post(
             url + "/v1/completions",
             json={
@@ -68,4 +78,4 @@ def test_health_is_503_while_warming_then_reports_the_warm_plan() -> None:
         process.send_signal(signal.SIGTERM)
         output = process.communicate(timeout=60)[0]
     assert process.returncode == 0, output
-    assert "graphs=24 (frozen-call" in output
+    assert "graphs=24 (frozen-call, est " in output and "0 by memory, 0 by time)" in output

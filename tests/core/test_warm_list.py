@@ -17,6 +17,12 @@ from nanoserve.core import (
     warmup_seconds,
     width_ceiling,
 )
+from nanoserve.core.warm_list import (
+    RecordingCost,
+    fit_recording_cost,
+    seconds_ceiling,
+    warm_estimate,
+)
 
 SERVING = BucketSet(256, 8192, 128)
 SECONDS_PER_RECORDING = 0.05
@@ -188,3 +194,87 @@ def test_lazy_captures_counts_distinct_width_buckets(
     contexts = range(prompt_len + 1, prompt_len + generated)
     buckets = {-(-c // multiple) for c in contexts}
     assert lazy_captures(prompt_len, generated, multiple) == len(buckets)
+
+
+# --- pricing: a cost line through two probes, and the time budget as a width ceiling -------------
+
+TINY = BucketSet(4, 64, 16)  # rows 1, 2, 4 x widths 16, 32, 48, 64
+# Dyadic numbers, so every sum below is exact: 0.375 s + 1/128 s per position.
+LINE = RecordingCost(0.375, 0.0078125)
+
+
+def test_fit_goes_through_both_probes() -> None:
+    cost = fit_recording_cost(Shape(1, 16), 0.5, Shape(4, 64), 2.375)
+    assert cost == LINE
+    assert cost.seconds(Shape(1, 16)) == 0.5 and cost.seconds(Shape(4, 64)) == 2.375
+    assert cost.seconds(Shape(2, 32)) == 0.375 + 64 / 128
+    # Argument order does not matter: the smaller area is the small probe.
+    assert fit_recording_cost(Shape(4, 64), 2.375, Shape(1, 16), 0.5) == LINE
+
+
+def test_fit_clamps_a_negative_slope_to_the_dearer_probe() -> None:
+    # The large probe came out faster (noise): a flat cost at the dearer of the two.
+    assert fit_recording_cost(Shape(1, 16), 0.5, Shape(4, 64), 0.25) == RecordingCost(0.5, 0.0)
+    assert fit_recording_cost(Shape(1, 16), 0.5, Shape(4, 64), 0.5) == RecordingCost(0.5, 0.0)
+
+
+def test_fit_clamps_a_negative_intercept_through_zero_and_the_large_probe() -> None:
+    # Costs growing faster than the area: the chord would start below zero.
+    cost = fit_recording_cost(Shape(1, 16), 0.0625, Shape(4, 64), 4.0)
+    assert cost == RecordingCost(0.0, 4.0 / 256)
+    assert cost.seconds(Shape(4, 64)) == 4.0 and cost.seconds(Shape(1, 16)) == 0.25 >= 0.0625
+
+
+def test_fit_of_one_area_is_proportional() -> None:
+    assert fit_recording_cost(Shape(2, 8), 1.0, Shape(2, 8), 0.5) == RecordingCost(0.0, 0.75 / 16)
+    assert fit_recording_cost(Shape(2, 8), 1.0, Shape(4, 4), 1.0) == RecordingCost(0.0, 1 / 16)
+
+
+def test_fit_refuses_negative_seconds() -> None:
+    with pytest.raises(GeometryError, match=r"^probe seconds -1.0 and 2.0 must be >= 0$"):
+        fit_recording_cost(Shape(1, 16), -1.0, Shape(4, 64), 2.0)
+
+
+def test_estimate_counts_what_is_paid_and_predicts_the_rest() -> None:
+    shapes = warm_shapes(TINY)
+    # Per width w, rows 1 + 2 + 4: 3 x 0.375 + 7 w / 128 = 2.0, 2.875, 3.75, 4.625.
+    assert warm_estimate(shapes, LINE) == 2.0 + 2.875 + 3.75 + 4.625 == 13.25
+    # The probes as measured (here 1 s above the line each), the rest as predicted.
+    paid = {Shape(4, 64): 3.375, Shape(1, 16): 1.5}
+    assert warm_estimate(shapes, LINE, paid) == 13.25 + 2.0
+    # A paid probe the list no longer holds is still paid for.
+    narrow = warm_shapes(TINY, max_width=16)
+    assert warm_estimate(narrow, LINE, paid) == 3.375 + 1.5 + 2.0 - 0.5
+    assert warm_estimate((), LINE) == 0
+
+
+@pytest.mark.parametrize(
+    ("budget", "ceiling", "num_shapes"),
+    [(13.25, 64, 12), (13.2, 48, 9), (8.625, 48, 9), (8.6, 32, 6), (2.0, 16, 3), (1.99, 0, 0)],
+)
+def test_time_budget_is_a_width_ceiling(budget: float, ceiling: int, num_shapes: int) -> None:
+    shapes = warm_shapes(TINY)
+    assert seconds_ceiling(shapes, LINE, budget) == ceiling
+    kept = warm_shapes(TINY, max_width=ceiling)
+    assert len(kept) == num_shapes and warm_estimate(kept, LINE) <= budget
+    # Widest shapes go first; every rows bucket stays below the ceiling.
+    assert {s.rows for s in kept} == ({1, 2, 4} if kept else set())
+
+
+def test_time_budget_counts_the_probes_paid() -> None:
+    shapes = warm_shapes(TINY)
+    paid = {Shape(4, 64): 2.375, Shape(1, 16): 0.5}  # on the line: nothing changes while kept
+    assert seconds_ceiling(shapes, LINE, 13.25, paid) == 64
+    # Width <= 48 costs 8.625 predicted, plus the dropped 4x64 probe's 2.375 already spent.
+    assert seconds_ceiling(shapes, LINE, 11.0, paid) == 48
+    assert seconds_ceiling(shapes, LINE, 10.99, paid) == 32
+    assert seconds_ceiling((), LINE, 1.0) == 0
+
+
+def test_a_flat_cost_reproduces_the_build_logs_trimmed_list() -> None:
+    # 50 ms a recording: rows <= 8 within 3.2 s is context <= 2048, 64 shapes.
+    shapes = warm_shapes(SERVING, max_rows=8)
+    flat = RecordingCost(SECONDS_PER_RECORDING, 0.0)
+    ceiling = seconds_ceiling(shapes, flat, 3.2 + 1e-9)
+    assert ceiling == 2048
+    assert len([s for s in shapes if s.width <= ceiling]) == 64

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import pytest
 
+from nanoserve.core import Shape
 from nanoserve.runtime.build import build_engine
 from nanoserve.runtime.engine_config import EngineConfig, EngineConfigError
 from nanoserve.runtime.errors import CheckpointError
+from nanoserve.runtime.warmup import WarmupCancelled
 
 
 def boot(model_dir: Path, **config: object) -> tuple[object, list[str]]:
@@ -41,8 +44,21 @@ def test_capture_boot_warms_the_trimmed_list(tiny_llama_dir: Path) -> None:
     )
     report = engine.warm_report
     assert report is not None and report.num_recorded == 2 * 2  # rows 1, 2 x widths 16, 32
-    assert "graphs=4 (frozen-call" in lines[-1] and "skipped 0 by budget" in lines[-1]
+    assert "graphs=4 (frozen-call, est " in lines[-1]
+    assert "skipped 0 by memory, 0 by time)" in lines[-1]
     assert engine.warm_plan.max_rows == 2 and engine.warm_plan.max_width == 32
+    # The report carries the limits and both budgets (so /health reads them off the report).
+    assert (report.max_rows, report.max_width) == (2, 32)
+    assert report.width_ceiling == engine.warm_plan.width_ceiling > 0
+    assert report.budget_bytes == engine.warm_plan.budget_bytes > 0
+    assert report.budget_seconds == 30.0 and report.time_ceiling == 32
+    assert report.estimated_seconds is not None and report.estimated_seconds > 0
+    # The estimate was said before the work, in the line /health shows as the phase.
+    pricing, warming = (line for line in lines if line.startswith(("pricing", "warming")))
+    assert pricing == "pricing 4 decode shapes: timing one recording at 2x32 and 1x16"
+    assert warming.startswith("warming 4 decode shapes (rows <= 2, width <= 32): estimated ")
+    assert "s/shape measured at 1x16 and 2x32); time budget 30 s, memory ceiling " in warming
+    assert warming.endswith(" tokens, 0 skipped")
     assert engine.pool.resident
     engine.check_warm()
 
@@ -64,3 +80,58 @@ def test_bad_limits_are_named() -> None:
         EngineConfig(max_batch=0)
     with pytest.raises(EngineConfigError, match="dtype"):
         EngineConfig(dtype="float8")
+
+
+CAPTURE = {"bucket_decode": True, "persist_inputs": True, "capture_decode": True}
+
+
+def test_a_tiny_time_budget_warms_nothing_and_says_why(tiny_llama_dir: Path) -> None:
+    engine, lines = boot(
+        tiny_llama_dir, **CAPTURE, max_batch=4, width_multiple=32, warm_seconds=1e-6
+    )
+    report = engine.warm_report
+    # rows 1, 2, 4 x widths 32, 64: every width is over the budget.
+    assert report.num_recorded == 0 and report.num_over_time == 6 and report.max_width == 0
+    assert {why for _, why in report.skipped} == {"over the time budget of 1e-06 s"}
+    assert Shape(4, 64) not in engine.runner.graphs.recordings  # the probe, dropped
+    (warming,) = (line for line in lines if line.startswith("warming"))
+    assert warming.startswith("warming 0 decode shapes (rows <= 4, width <= 0): estimated ")
+    assert "time budget 1e-06 s" in warming and ", 6 skipped; probe 4x64 (" in warming
+    assert "skipped 0 by memory, 6 by time)" in lines[-1]
+    assert report.as_dict()["skipped"][0] == {
+        "shape": [4, 64],
+        "why": "over the time budget of 1e-06 s",
+    }
+
+
+def test_a_cancelled_boot_stops_between_phases(tiny_llama_dir: Path) -> None:
+    cancel = threading.Event()
+    cancel.set()
+    with pytest.raises(WarmupCancelled, match=r"^boot stopped after loading the weights$"):
+        build_engine(EngineConfig(model=str(tiny_llama_dir)), cancel=cancel, say=lambda _: None)
+
+
+def test_a_cancel_during_the_warm_up_stops_it(tiny_llama_dir: Path) -> None:
+    cancel = threading.Event()
+    lines: list[str] = []
+
+    def say(line: str) -> None:  # a shutdown arriving as the estimate is said
+        lines.append(line)
+        if line.startswith("warming"):
+            cancel.set()
+
+    config = EngineConfig(
+        model=str(tiny_llama_dir), max_model_len=64, width_multiple=16, max_batch=4, **CAPTURE
+    )
+    with pytest.raises(WarmupCancelled, match=r"^boot stopped after 2 of 12 warm recordings$"):
+        build_engine(config, say=say, cancel=cancel)
+    assert not any(line.startswith("running one real forward") for line in lines)
+
+
+def test_warm_seconds_default_by_device_and_refusals() -> None:
+    assert EngineConfig().resolved(8192).warm_seconds == 30.0
+    assert EngineConfig(device="cuda").resolved(8192).warm_seconds == 3.0
+    assert EngineConfig(warm_seconds=7).resolved(8192).warm_seconds == 7
+    for bad in (0, -1.0, float("nan"), float("inf"), True, "30"):
+        with pytest.raises(EngineConfigError, match=r"^warm_seconds must be a positive number"):
+            EngineConfig(warm_seconds=bad)  # type: ignore[arg-type]

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import threading
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
-from nanoserve.core import Shape, SlotTable, lazy_captures, warm_shapes
+from nanoserve.core import DecodePlan, Shape, SlotTable, lazy_captures, warm_shapes
 from nanoserve.core.capture_gates import PadNotInertError
 from nanoserve.core.errors import GeometryError
 from nanoserve.core.warm_gates import (
@@ -22,11 +24,16 @@ from nanoserve.core.warm_gates import (
     check_warm_touches_nothing,
     check_warm_writes_sink,
 )
+from nanoserve.core.warm_list import RecordingCost, fit_recording_cost, warm_estimate
 from nanoserve.runtime.build import plan_warm
+from nanoserve.runtime.checkpoint import load_checkpoint
 from nanoserve.runtime.engine import Engine
-from nanoserve.runtime.kv_pool import EmptySelectionError
+from nanoserve.runtime.engine_config import EngineConfig
+from nanoserve.runtime.graphs import FrozenCallBackend, Guard, StepFn
+from nanoserve.runtime.kv_pool import CacheRows, EmptySelectionError
+from nanoserve.runtime.model import LlamaModel
 from nanoserve.runtime.sampling_params import SamplingParams
-from nanoserve.runtime.warmup import warmup_batch
+from nanoserve.runtime.warmup import WarmEstimate, WarmupCancelled, warmup_batch
 from tests.runtime.capture_helpers import MODES, run_joining_workload, tiny_engine
 
 WARM = {"max_model_len": 64, "width_multiple": 16, "max_batch": 4}
@@ -186,3 +193,109 @@ def test_budget_trims_the_widest_shapes(tiny_llama_dir: Path) -> None:
     # A budget caps the widest shape; it does not otherwise shorten the list.
     assert {s.rows for s in shapes} == {1, 2, 4}
     assert all(why.startswith("wider than the budget") for _, why in skipped)
+
+
+# --- pricing, the time budget, and cancelling ----------------------------------------------------
+
+
+def test_the_warm_up_is_priced_before_it_is_paid(tiny_llama_dir: Path) -> None:
+    engine = tiny_engine(tiny_llama_dir, **WARM, **MODES["recorded"])
+    shapes = warm_shapes(engine.runner.buckets)
+    said: list[WarmEstimate] = []
+    report = engine.warm_decode(shapes, announce=said.append)
+    # Announced once, after the two probes and before anything else was recorded.
+    (estimate,) = said
+    assert [s for s, _ in estimate.probes] == [Shape(4, 64), Shape(1, 16)]
+    assert estimate.shapes == shapes and estimate.skipped == () and estimate.time_ceiling is None
+    assert estimate.cost == fit_recording_cost(
+        Shape(1, 16), estimate.probes[1][1], Shape(4, 64), estimate.probes[0][1]
+    )
+    # The estimate: the pool and the probes as measured, the other ten as predicted.
+    assert (
+        report.estimated_seconds
+        == estimate.seconds
+        == estimate.pool_seconds + warm_estimate(shapes, estimate.cost, dict(estimate.probes))
+    )
+    assert report.total_seconds >= sum(report.seconds) > 0
+    # The probes are recordings of the list, not made twice.
+    assert report.shapes == shapes and engine.runner.graphs.num_recorded == 12
+    assert (
+        dict(zip(report.shapes, report.seconds, strict=True))[Shape(4, 64)]
+        == (estimate.probes[0][1])
+    )
+    body = report.as_dict()
+    assert body["estimated_seconds"] == round(estimate.seconds, 4)
+    assert body["probes"][0]["shape"] == [4, 64] and body["budget_seconds"] is None
+
+
+def test_a_tiny_time_budget_trims_every_width_and_drops_the_probes(tiny_llama_dir: Path) -> None:
+    engine = tiny_engine(tiny_llama_dir, **WARM, **MODES["recorded"])
+    shapes = warm_shapes(engine.runner.buckets)
+    report = engine.warm_decode(shapes, budget_seconds=1e-6)
+    assert report.shapes == () and report.time_ceiling == 0
+    assert report.skipped == tuple((s, "over the time budget of 1e-06 s") for s in shapes)
+    assert report.num_over_time == 12
+    # The two probes were recorded, then discarded: nothing outside the list is kept.
+    assert engine.runner.graphs.num_recorded == 2 and engine.runner.graphs.recordings == {}
+    # What was paid is still the estimate: the pool and both probes.
+    assert report.estimated_seconds == report.pool_seconds + sum(t for _, t in report.probes)
+
+
+class PacedBackend(FrozenCallBackend):
+    """A frozen call that advances a clock by 1/64 s + 1/4096 s per position: a cost line the
+    test knows exactly (dyadic numbers, so every sum below is exact)."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def clock(self) -> float:
+        return self.now
+
+    def record(
+        self, fn: StepFn, args: tuple[DecodePlan, CacheRows], guard: Guard
+    ) -> tuple[torch.Tensor, Any]:
+        rows, width = args[0].shape
+        self.now += 1 / 64 + rows * width / 4096
+        return super().record(fn, args, guard)
+
+
+def test_a_time_budget_trims_the_widest_shapes_first(tiny_llama_dir: Path) -> None:
+    checkpoint = load_checkpoint(tiny_llama_dir)
+    model = LlamaModel.from_tensors(checkpoint.config, checkpoint.tensors(), max_positions=256)
+    config = EngineConfig(**WARM, **MODES["recorded"], block_size=4, kv_budget_bytes=1 << 22)
+    paced = PacedBackend()
+    engine = Engine(model, checkpoint.tokenizer, config, backend=paced)
+    shapes = warm_shapes(engine.runner.buckets)
+    memory_skipped = ((Shape(8, 64), "wider than the budget's width ceiling of 0 tokens"),)
+    # Per width w, rows 1 + 2 + 4 cost 3/64 + 7w/4096 s: widths up to 32 cost 0.17578125 s, up
+    # to 48 0.3046875 s, each plus the 4x64 probe's 0.078125 s, spent before the trim drops it.
+    report = engine.warm_decode(
+        shapes, budget_seconds=0.3, skipped=memory_skipped, clock=paced.clock
+    )
+    assert report.probes == ((Shape(4, 64), 0.078125), (Shape(1, 16), 0.01953125))
+    assert report.cost == RecordingCost(1 / 64, 1 / 4096)
+    assert report.time_ceiling == 32
+    assert report.shapes == warm_shapes(engine.runner.buckets, max_width=32)
+    over = tuple((s, "over the time budget of 0.3 s") for s in shapes if s.width > 32)
+    assert report.skipped == (*memory_skipped, *over) and report.num_over_time == 6
+    # Every rows bucket stays below the ceiling; the dropped 4x64 probe leaves no recording.
+    assert {s.rows for s in report.shapes} == {1, 2, 4}
+    assert set(engine.runner.graphs.recordings) == set(report.shapes)
+    # On an exact line the estimate is the actual: the dropped probe, then six shapes.
+    assert report.estimated_seconds == report.total_seconds == 0.078125 + 0.17578125
+    assert report.pool_seconds == 0.0 and report.as_dict()["time_ceiling"] == 32
+
+
+def test_a_set_event_stops_the_warm_up_between_recordings(tiny_llama_dir: Path) -> None:
+    engine = tiny_engine(tiny_llama_dir, **WARM, **MODES["recorded"])
+    shapes = warm_shapes(engine.runner.buckets)
+    cancel = threading.Event()
+    # A shutdown arriving while the estimate is said: the probes are done, nothing more is.
+    with pytest.raises(WarmupCancelled, match=r"^boot stopped after 2 of 12 warm recordings$"):
+        engine.warm_decode(shapes, cancel=cancel, announce=lambda _: cancel.set())
+    assert engine.runner.graphs.num_recorded == 2 and engine.warm_report is None
+    # Set before the start: not even the pool is made resident.
+    fresh = tiny_engine(tiny_llama_dir, **WARM, **MODES["recorded"])
+    with pytest.raises(WarmupCancelled, match=r"^boot stopped before the warm-up$"):
+        fresh.warm_decode(shapes, cancel=cancel)
+    assert fresh.runner.graphs.num_recorded == 0 and not fresh.pool.resident

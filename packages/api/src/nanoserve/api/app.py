@@ -42,14 +42,7 @@ def health(server: ServerState) -> Response[dict]:
         }
         return Response(body, status_code=503, headers={"Retry-After": "2"})
     engine = server.engine.engine
-    warm = None
-    if engine.warm_report is not None:
-        plan = engine.warm_plan
-        warm = {
-            **engine.warm_report.as_dict(),
-            "max_rows": getattr(plan, "max_rows", None),
-            "max_width": getattr(plan, "max_width", None),
-        }
+    report = engine.warm_report
     body = {
         "status": "ok",
         "model": engine.name,
@@ -57,7 +50,7 @@ def health(server: ServerState) -> Response[dict]:
         "device": engine.config.device,
         "ready_seconds": engine.ready_seconds,
         "kv_pool": {**engine.pool_plan.as_dict(), "blocks_in_use": engine.blocks.num_in_use},
-        "warm": warm,
+        "warm": report.as_dict() if report is not None else None,
         "capture": engine.runner.graphs.stats() if engine.runner.graphs else None,
     }
     return Response(body)

@@ -123,6 +123,13 @@ def _serve(args: argparse.Namespace) -> int:
     )
     config.app = create_app(server=state)
     server.run()
+    if state.booting:
+        # A shutdown during one long boot step (a load, a wide CPU recording): the cancel would
+        # stop it at the step's end, but the process need not wait, and an interpreter exit
+        # with the thread inside torch aborts. Nothing is left to save: leave at once.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(EXIT_FAILED if failed else 0)
     if failed:
         print(f"nanoserve: {failed[0]}", file=sys.stderr)
         return EXIT_FAILED

@@ -65,6 +65,12 @@ OPTIONS: tuple[Option, ...] = (
     Option("--warm-max-rows", "warm_max_rows", int, "warm list: largest row bucket"),
     Option("--warm-max-width", "warm_max_width", int, "warm list: widest context"),
     Option("--warm-budget", "warm_budget_bytes", parse_bytes, "warm list: memory budget"),
+    Option(
+        "--warm-seconds",
+        "warm_seconds",
+        float,
+        "warm list: time budget in seconds, trimmed widest first (default 30 CPU, 3 GPU)",
+    ),
     Option("--seed", "seed", int, "seed for unseeded sampling"),
     Option("--served-model-name", "served_model_name", str, "the `model` clients send"),
     Option("--batch-invariant", "batch_invariant", parse_bool, "tokens ignore batch (1/0)"),

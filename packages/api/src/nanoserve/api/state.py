@@ -3,15 +3,26 @@
 The lifespan starts the build in a worker thread and returns at once, so the port is open
 during the warm-up and /health can say 503 until the engine is warm and has run one real
 forward; every other route answers 503 with Retry-After until then.
+
+A shutdown during the boot sets `cancel`: the build stops at its next phase or recording
+boundary (WarmupCancelled, one line, not a failure). The thread is a daemon and the lifespan
+waits for it only `STOP_WAIT_SECONDS`, so one long step (a load, a recording of a wide shape
+on a CPU) does not hold up the shutdown. An interpreter that exits while a daemon thread is
+inside torch aborts, so an exit hook joins it (the cancel stops it at its next boundary);
+`nanoserve serve` does not wait even that long (cli.py).
 """
 
 from __future__ import annotations
 
 import asyncio
+import atexit
+import contextlib
 import logging
+import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from typing import Any, TypeVar
 
 from litestar import Litestar
 
@@ -20,8 +31,11 @@ from nanoserve.api.metrics import ServerMetrics
 from nanoserve.api.settings import ServerSettings
 from nanoserve.runtime.async_engine import AsyncEngine
 from nanoserve.runtime.build import build_engine
+from nanoserve.runtime.warmup import WarmupCancelled
 
 log = logging.getLogger("nanoserve")
+STOP_WAIT_SECONDS = 1.0  # how long a shutdown waits for the boot to reach a boundary
+T = TypeVar("T")
 
 
 class ServerState:
@@ -41,6 +55,8 @@ class ServerState:
         self.phase = "starting"
         self._on_boot_failure = on_boot_failure
         self._boot: asyncio.Task[None] | None = None
+        self.cancel = threading.Event()  # set at shutdown: the boot stops at its next boundary
+        self.boot_thread: threading.Thread | None = None
 
     def _say(self, line: str) -> None:
         """Boot progress: printed, and the latest line is what /health's 503 body reports."""
@@ -58,14 +74,24 @@ class ServerState:
             raise APIError(503, "the model is still loading; retry shortly", retry_after=2)
         return self.engine
 
+    @property
+    def booting(self) -> bool:
+        """The boot thread is still running (a shutdown stopped waiting for it)."""
+        return self.boot_thread is not None and self.boot_thread.is_alive()
+
     async def boot(self) -> None:
         try:
-            engine = await asyncio.to_thread(build_engine, self.settings.engine, say=self._say)
+            engine = await self._in_boot_thread(
+                build_engine, self.settings.engine, say=self._say, cancel=self.cancel
+            )
             self.phase = "ready"
             async_engine = AsyncEngine(engine)
             async_engine.observer = self.metrics.observe
             await async_engine.start()
             self.engine = async_engine
+        except WarmupCancelled as stop:
+            self.phase = "stopped"
+            self._print(f"{stop}: shutting down")
         except Exception as error:
             self.boot_error = f"{type(error).__name__}: {error}"
             log.error("engine failed to start: %s", self.boot_error)
@@ -78,7 +104,36 @@ class ServerState:
         try:
             yield
         finally:
+            self.cancel.set()
             if not self._boot.done():
+                await asyncio.wait({self._boot}, timeout=STOP_WAIT_SECONDS)
+            if not self._boot.done():
+                phase = self.phase if len(self.phase) <= 60 else self.phase[:57] + "..."
+                self._print(f"shutting down without waiting for the boot (at: {phase})")
                 self._boot.cancel()
             if self.engine is not None:
                 await self.engine.shutdown(self.settings.grace_seconds)
+
+    async def _in_boot_thread(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """fn(*args, **kwargs) in a daemon thread, awaited: asyncio.to_thread's pool threads
+        are joined at interpreter exit, which would keep a stopping server alive until fn ends."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[T] = loop.create_future()
+
+        def settle(ok: bool, value: Any) -> None:
+            if not future.done():  # a shutdown may have stopped waiting
+                (future.set_result if ok else future.set_exception)(value)
+
+        def run() -> None:
+            try:
+                outcome = (True, fn(*args, **kwargs))
+            except BaseException as error:  # handed to the awaiting task, which decides
+                outcome = (False, error)
+            with contextlib.suppress(RuntimeError):  # a closed loop: nobody is waiting
+                loop.call_soon_threadsafe(settle, *outcome)
+
+        thread = threading.Thread(target=run, name="nanoserve-boot", daemon=True)
+        self.boot_thread = thread
+        thread.start()
+        atexit.register(lambda: thread.join() if thread.is_alive() else None)
+        return await future

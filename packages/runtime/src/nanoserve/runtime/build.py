@@ -1,14 +1,19 @@
-"""build_engine: one frozen config to a ready engine — load, plan the pool, warm, one real step."""
+"""build_engine: one frozen config to a ready engine — load, plan the pool, warm, one real step.
+
+A cancel event (a shutdown while booting) is checked between phases and, inside the warm-up,
+between recordings; a set one raises WarmupCancelled, which a server treats as a clean stop.
+"""
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-from nanoserve.core import warm_shapes, width_ceiling
+from nanoserve.core import Shape, warm_shapes, width_ceiling
 from nanoserve.runtime.chat_template import ChatTemplate
 from nanoserve.runtime.checkpoint import load_checkpoint
 from nanoserve.runtime.embedded import embedded_model_path
@@ -18,6 +23,7 @@ from nanoserve.runtime.errors import ChatTemplateError
 from nanoserve.runtime.memory import free_bytes
 from nanoserve.runtime.model import LlamaModel
 from nanoserve.runtime.sampling_params import SamplingParams
+from nanoserve.runtime.warmup import WarmEstimate, check_cancelled
 
 log = logging.getLogger("nanoserve")
 
@@ -44,7 +50,12 @@ def resolve_model_path(model: str | None) -> Path:
     return path
 
 
-def build_engine(config: EngineConfig, *, say: Callable[[str], None] | None = None) -> Engine:
+def build_engine(
+    config: EngineConfig,
+    *,
+    say: Callable[[str], None] | None = None,
+    cancel: threading.Event | None = None,
+) -> Engine:
     say = say or log.info
     started = time.perf_counter()
     path = resolve_model_path(config.model)
@@ -64,6 +75,7 @@ def build_engine(config: EngineConfig, *, say: Callable[[str], None] | None = No
         chat_template: ChatTemplate | None = ChatTemplate.from_checkpoint(checkpoint)
     except ChatTemplateError:
         chat_template = None
+    check_cancelled(cancel, "after loading the weights")
     name = config.served_model_name or (
         Path(config.model).name if config.model else "SmolLM2-135M-Instruct"
     )
@@ -73,7 +85,9 @@ def build_engine(config: EngineConfig, *, say: Callable[[str], None] | None = No
         f" ({engine.pool_plan.total_bytes / 2**20:.0f} MiB) for {config.max_model_len}-token contexts"
     )
     if config.capture_decode and config.warm:
-        warm(engine, say)
+        check_cancelled(cancel, "before the warm-up")
+        warm(engine, say, cancel)
+    check_cancelled(cancel, "before the first forward")
     say("running one real forward")
     first_forward(engine)
     seconds = time.perf_counter() - started
@@ -105,15 +119,63 @@ def plan_warm(engine: Engine) -> tuple[WarmPlan, tuple, tuple]:
     return plan, shapes, skipped
 
 
-def warm(engine: Engine, say: Callable[[str], None] = log.info) -> None:
+def warm(
+    engine: Engine,
+    say: Callable[[str], None] = log.info,
+    cancel: threading.Event | None = None,
+) -> None:
+    """Price the memory-trimmed list, trim it to the time budget, say so, then record it."""
     plan, shapes, skipped = plan_warm(engine)
-    say(
-        f"warming {len(shapes)} decode shapes (rows <= {plan.max_rows}, width <= {plan.max_width};"
-        f" budget ceiling {plan.width_ceiling} tokens, {len(skipped)} skipped)"
+    if shapes:
+        probes = " and ".join(dict.fromkeys(_shape(s) for s in (shapes[0], shapes[-1])))
+        say(f"pricing {len(shapes)} decode shapes: timing one recording at {probes}")
+
+    def announce(estimate: WarmEstimate) -> None:
+        say(warm_line(plan, estimate, num_skipped=len(skipped) + len(estimate.skipped)))
+
+    report = engine.warm_decode(
+        shapes,
+        skipped=skipped,
+        budget_seconds=engine.config.warm_seconds,
+        cancel=cancel,
+        announce=announce,
     )
-    report = engine.warm_decode(shapes, skipped=skipped)
     engine.warm_plan = plan
-    engine.warm_report = report
+    engine.warm_report = replace(
+        report,
+        max_rows=plan.max_rows,
+        max_width=_time_trimmed(plan.max_width, report.time_ceiling),
+        width_ceiling=plan.width_ceiling,
+        budget_bytes=plan.budget_bytes,
+    )
+
+
+def warm_line(plan: WarmPlan, estimate: WarmEstimate, *, num_skipped: int) -> str:
+    """The estimate, said before the work (and so /health's phase while it is done)."""
+    num_shapes = len(estimate.shapes)
+    per_shape = estimate.seconds / num_shapes if num_shapes else 0.0
+    measured = " and ".join(f"{_shape(s)}" for s, _ in reversed(estimate.probes)) or "nothing"
+    dropped = [f"{_shape(s)} ({t:.1f} s)" for s, t in estimate.probes if s not in estimate.shapes]
+    # A probe the trim dropped was paid for all the same: it is in the estimate, and named.
+    budget = "none" if estimate.budget_seconds is None else f"{estimate.budget_seconds:g} s"
+    line = (
+        f"warming {num_shapes} decode shapes (rows <= {plan.max_rows},"
+        f" width <= {_time_trimmed(plan.max_width, estimate.time_ceiling)}):"
+        f" estimated {estimate.seconds:.1f} s ({per_shape:.2f} s/shape measured at {measured});"
+        f" time budget {budget}, memory ceiling {plan.width_ceiling} tokens,"
+        f" {num_skipped} skipped"
+    )
+    if dropped:
+        line += f"; probe {', '.join(dropped)} spent, then trimmed"
+    return line
+
+
+def _time_trimmed(max_width: int, time_ceiling: int | None) -> int:
+    return max_width if time_ceiling is None else min(max_width, time_ceiling)
+
+
+def _shape(shape: Shape) -> str:
+    return f"{shape.rows}x{shape.width}"
 
 
 def first_forward(engine: Engine) -> None:
@@ -135,9 +197,12 @@ def boot_line(engine: Engine, seconds: float) -> str:
     ]
     if engine.warm_report is not None:
         report = engine.warm_report
+        estimated = report.estimated_seconds or 0.0
+        over_time = report.num_over_time
         parts.append(
-            f"graphs={report.num_recorded} ({report.backend}, {report.total_seconds:.2f}s,"
-            f" skipped {len(report.skipped)} by budget)"
+            f"graphs={report.num_recorded} ({report.backend}, est {estimated:.2f}s,"
+            f" took {report.total_seconds:.2f}s; skipped {len(report.skipped) - over_time}"
+            f" by memory, {over_time} by time)"
         )
     elif engine.config.capture_decode:
         parts.append("graphs=lazy (recorded in front of clients)")

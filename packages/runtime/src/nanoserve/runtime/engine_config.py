@@ -9,6 +9,10 @@ import torch
 from nanoserve.core.errors import NanoserveError
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# The warm-up's default time budget. On a GPU a recording costs ~0.1 s and the build log's
+# target is a 3 s warm-up; on a CPU a frozen call costs a real forward, and 30 s of warm-up
+# keeps a whole boot (load, probes, warm-up, first forward) under about a minute.
+DEFAULT_WARM_SECONDS = {"cpu": 30.0, "cuda": 3.0}
 
 
 class EngineConfigError(NanoserveError, ValueError):
@@ -37,6 +41,7 @@ class EngineConfig:
     warm_max_rows: int | None = None  # None: max_batch
     warm_max_width: int | None = None  # None: max_model_len
     warm_budget_bytes: int | None = None  # None: the memory measured free after the pool
+    warm_seconds: float | None = None  # the warm-up's time budget; None: by device (30 s CPU)
     seed: int = 0
     served_model_name: str | None = None
 
@@ -59,6 +64,14 @@ class EngineConfig:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):
                 raise EngineConfigError(f"{name} must be a positive number of bytes, got {value!r}")
+        if self.warm_seconds is not None and (
+            isinstance(self.warm_seconds, bool)
+            or not isinstance(self.warm_seconds, int | float)
+            or not 0 < self.warm_seconds < float("inf")
+        ):
+            raise EngineConfigError(
+                f"warm_seconds must be a positive number of seconds, got {self.warm_seconds!r}"
+            )
         if self.persist_inputs and not self.bucket_decode:
             raise EngineConfigError(
                 "persist_inputs needs bucket_decode (buffers hold bucket shapes)"
@@ -84,6 +97,7 @@ class EngineConfig:
             max_model_len=max_len,
             warm_max_rows=self.warm_max_rows or self.max_batch,
             warm_max_width=min(self.warm_max_width or max_len, max_len),
+            warm_seconds=self.warm_seconds or DEFAULT_WARM_SECONDS[self.device.split(":")[0]],
         )
 
     def as_dict(self) -> dict[str, object]:
