@@ -18,17 +18,18 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import gguf
 import numpy as np
 import pytest
 import torch
-from gguf import GGMLQuantizationType
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from nanoserve.runtime.checkpoint import Checkpoint, load_checkpoint
 from nanoserve.runtime.embedded import embedded_model_path
+
+if TYPE_CHECKING:  # gguf is imported where a GGUF is written: the GPU machine has no gguf
+    from gguf import GGMLQuantizationType
 
 TINY_SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 TINY_VOCAB_SIZE = 320  # 256 byte tokens + 3 special + 61 merges
@@ -151,17 +152,22 @@ def _write_tiny_gguf(
     model_dir: Path,
     out: Path,
     *,
-    qtype: GGMLQuantizationType = GGMLQuantizationType.F32,
+    qtype: GGMLQuantizationType | None = None,
     raw_tensors: Mapping[str, tuple[np.ndarray, GGMLQuantizationType]] | None = None,
     arch: str | None = None,
     pre: str = "smollm",
 ) -> Path:
-    """Convert a tiny HF checkpoint to GGUF as llama.cpp would; matrices stored as `qtype`.
+    """Convert a tiny HF checkpoint to GGUF as llama.cpp would; matrices stored as `qtype`
+    (None: F32).
 
     `raw_tensors` replaces tensors (by GGUF name) with pre-encoded bytes of any type, to build
     files llama.cpp could write but nanoserve must refuse. `arch` overrides the written architecture.
     """
+    import gguf  # only GGUF-writing tests need it; the GPU machine's runtime tests do not
     from safetensors.torch import load_file
+
+    if qtype is None:
+        qtype = gguf.GGMLQuantizationType.F32
 
     config = json.loads((model_dir / "config.json").read_text())
     tok = json.loads((model_dir / "tokenizer.json").read_text())
@@ -205,7 +211,8 @@ def _write_tiny_gguf(
         if gguf_name in raw_tensors:
             data, raw_type = raw_tensors.pop(gguf_name)
             writer.add_tensor(gguf_name, data, raw_dtype=raw_type)
-        elif values.ndim == 1 or qtype == GGMLQuantizationType.F32:  # norms and biases stay F32
+        # norms and biases stay F32
+        elif values.ndim == 1 or qtype == gguf.GGMLQuantizationType.F32:
             writer.add_tensor(gguf_name, values)
         else:
             writer.add_tensor(gguf_name, gguf.quants.quantize(values, qtype), raw_dtype=qtype)

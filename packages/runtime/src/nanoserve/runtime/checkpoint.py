@@ -12,15 +12,17 @@ import os
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol
 
 import torch
 
 from nanoserve.runtime.errors import WeightsError
-from nanoserve.runtime.gguf_file import GgufFile
 from nanoserve.runtime.hf_dir import HfDir
 from nanoserve.runtime.model_config import ModelConfig
 from nanoserve.runtime.tokenizer import Tokenizer
+
+if TYPE_CHECKING:  # gguf_file imports gguf, which a GPU machine without an index may lack
+    from nanoserve.runtime.gguf_file import GgufFile
 
 # Tensors some checkpoints carry that are derived, not learned: skipped rather than rejected.
 _IGNORED_SUFFIXES = (".rotary_emb.inv_freq",)
@@ -68,6 +70,9 @@ def load_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
     if path.is_dir():
         source, fmt = HfDir.open(path), "hf"
     elif path.is_file() and path.suffix.lower() == ".gguf":
+        # Imported here: only a .gguf needs the gguf package; a Hugging Face directory does not.
+        from nanoserve.runtime.gguf_file import GgufFile
+
         source, fmt = GgufFile.open(path), "gguf"
     elif path.exists():
         raise WeightsError(path, "is neither a model directory nor a .gguf file")
