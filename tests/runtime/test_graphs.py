@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import replace
 from pathlib import Path
 
@@ -137,11 +138,11 @@ def test_frozen_call_replays_on_the_recorded_objects_alone() -> None:
         seen.append(x)
         return x * 10
 
-    _, handle = backend.record(step, (live, None))
+    _, handle = backend.record(step, (live, None), contextlib.nullcontext)
     live.copy_(torch.tensor([3.0, 4.0]))
     assert torch.equal(backend.replay(handle), torch.tensor([30.0, 40.0]))  # live storage
     stale = live.clone()
-    _, handle = backend.record(step, (stale, None))
+    _, handle = backend.record(step, (stale, None), contextlib.nullcontext)
     live.copy_(torch.tensor([5.0, 6.0]))
     assert torch.equal(backend.replay(handle), torch.tensor([30.0, 40.0]))  # the copy froze
     assert all(x is live or x is stale for x in seen)

@@ -7,8 +7,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from nanoserve.core import SlotTable
+from nanoserve.core import DecodePlan, Shape, SlotTable, warm_shapes
+from nanoserve.runtime.engine import Engine
 from nanoserve.runtime.engine_config import EngineConfigError
+from nanoserve.runtime.kv_pool import CacheRows
 from tests.runtime.capture_helpers import MODES, run_joining_workload, tiny_engine
 
 
@@ -24,15 +26,54 @@ def test_modes_match_eager(tiny_llama_dir: Path, eager_tokens: dict, mode: str) 
     assert sum(len(t) for t in eager_tokens.values()) == 6 + 15 + 24 + 20 + 20
 
 
-def test_recorded_mode_records_and_replays(tiny_llama_dir: Path) -> None:
-    engine = tiny_engine(tiny_llama_dir, **MODES["recorded"])
-    run_joining_workload(engine)
+def shapes_used(engine: Engine) -> list[Shape]:
+    """Run the joining workload, noting the bucket shape of every decode step."""
     graphs = engine.runner.graphs
     assert graphs is not None
-    # Lazy recordings are bound to the rows they saw, so a changed row set re-records.
-    assert graphs.num_recorded == graphs.num_cold > len(graphs.recordings)
-    assert graphs.num_replays > 0
-    assert all(r.rows for r in graphs.recordings.values())
+    seen: list[Shape] = []
+    run = graphs.run
+
+    def noting(plan: DecodePlan, cache: CacheRows) -> torch.Tensor:
+        seen.append(Shape(*plan.shape))
+        return run(plan, cache)
+
+    graphs.run = noting  # type: ignore[method-assign]
+    run_joining_workload(engine)
+    return seen
+
+
+def test_lazy_recordings_are_one_per_shape_not_per_row_set(tiny_llama_dir: Path) -> None:
+    """Rows join and leave under a recording: it is made over the empty selection, so a
+    changed batch membership replays it. Recordings = shapes used, not steps."""
+    engine = tiny_engine(tiny_llama_dir, **MODES["recorded"])
+    used = shapes_used(engine)
+    graphs = engine.runner.graphs
+    assert graphs is not None
+    assert graphs.num_recorded == graphs.num_cold == len(set(used)) < len(used)
+    assert graphs.num_replays == len(used) - len(set(used))
+    assert all(r.rows == () for r in graphs.recordings.values())
+    assert graphs.num_eager_fallback == 0
+
+
+def test_a_warmed_engine_runs_unlisted_shapes_eagerly(
+    tiny_llama_dir: Path, eager_tokens: dict
+) -> None:
+    """Nothing is recorded in front of a client: a shape outside the warm list runs eagerly
+    and is counted; the tokens are the eager engine's."""
+    engine = tiny_engine(tiny_llama_dir, **MODES["recorded"])
+    listed = warm_shapes(engine.runner.buckets, max_rows=2)
+    engine.warm_decode(listed)
+    graphs = engine.runner.graphs
+    assert graphs is not None
+    before = graphs.num_recorded
+    used = shapes_used(engine)
+    outside = [s for s in used if s not in set(listed)]
+    assert outside and graphs.num_eager_fallback == len(outside)
+    assert graphs.num_recorded == before and graphs.num_cold == 0
+    assert graphs.num_replays == len(used) - len(outside)
+    engine2 = tiny_engine(tiny_llama_dir, **MODES["recorded"])
+    engine2.warm_decode(listed)
+    assert run_joining_workload(engine2) == eager_tokens
 
 
 def test_persistent_inputs_never_move(tiny_llama_dir: Path) -> None:

@@ -57,7 +57,9 @@ def paged_decode_attention(
     weights = torch.softmax(scores, dim=-1).to(accum_dtype)
     out = torch.bmm(weights.view(rows * num_kv_heads, group, width), v)
     out = out.view(rows, num_heads, head_dim)
-    return torch.where((context_lens > 0)[:, None, None], out, torch.zeros((), dtype=out.dtype))
+    # A Python scalar, not a host tensor: on CUDA a 0-dim host operand is a synchronising copy,
+    # which a graph capture refuses.
+    return out.masked_fill_((context_lens == 0)[:, None, None], 0.0)
 
 
 def _stats_dtype(accum_dtype: torch.dtype) -> torch.dtype:

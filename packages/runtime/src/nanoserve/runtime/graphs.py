@@ -5,12 +5,20 @@ A recording keeps its argument objects forever and replays on them alone. On CUD
 CPU it is a frozen call: the step bound to the exact plan it was recorded with. The frozen call
 is no faster, but it has a graph's semantics, so a stale frozen argument gives wrong tokens on
 a CPU exactly as it would on a GPU — which is what lets CI test every gate.
+
+Every recording runs under the capture guard (host syncs, foreign devices and value-dependent
+shapes are refused by name), and writes its logits into one static `[max_rows, vocab]` buffer:
+recordings share it instead of each holding an output of its own. Once a warm-up has run, a
+shape outside the warm list runs eagerly and is counted; nothing is recorded in front of a
+client. Before any warm-up (a lazy engine) each shape is recorded once, over the empty row
+selection, so it serves any later batch of that shape.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -29,9 +37,12 @@ from nanoserve.core.capture_gates import (
 from nanoserve.core.decode_buffers import BUFFER_NAMES, DecodeBuffers
 from nanoserve.core.errors import GateError
 from nanoserve.core.warm_list import warm_budget_bytes
+from nanoserve.runtime.capture_guard import capture_guard
+from nanoserve.runtime.device import on_device
 from nanoserve.runtime.kv_pool import CacheRows
 
 StepFn = Callable[[DecodePlan, CacheRows], torch.Tensor]
+Guard = Callable[[], AbstractContextManager[object]]
 
 
 class UnrecordedShapeError(GateError):
@@ -46,7 +57,7 @@ class Backend(Protocol):
     name: str
 
     def record(
-        self, fn: StepFn, args: tuple[DecodePlan, CacheRows]
+        self, fn: StepFn, args: tuple[DecodePlan, CacheRows], guard: Guard
     ) -> tuple[torch.Tensor, Any]: ...
 
     def replay(self, handle: Any) -> torch.Tensor: ...
@@ -59,8 +70,12 @@ class FrozenCallBackend:
 
     name = "frozen-call"
 
-    def record(self, fn: StepFn, args: tuple[DecodePlan, CacheRows]) -> tuple[torch.Tensor, Any]:
-        return fn(*args), (fn, args)
+    def record(
+        self, fn: StepFn, args: tuple[DecodePlan, CacheRows], guard: Guard
+    ) -> tuple[torch.Tensor, Any]:
+        with guard():
+            output = fn(*args)
+        return output, (fn, args)
 
     def replay(self, handle: Any) -> torch.Tensor:
         fn, args = handle
@@ -71,25 +86,39 @@ class FrozenCallBackend:
 
 
 class CudaGraphBackend:
-    """torch.cuda.CUDAGraph recordings sharing one memory pool, recorded on a side stream."""
+    """torch.cuda.CUDAGraph recordings sharing one memory pool, recorded on a side stream.
+
+    Every call runs under the engine's device (stream and memory calls act on the current one).
+    The pool's size is what the captures themselves reserved: measured around each capture,
+    after the eager pass that allocates lazy state (the K/V pool, cuBLAS workspaces), so it
+    counts the recordings' memory and nothing else."""
 
     name = "cuda-graph"
 
-    def __init__(self) -> None:
-        self._pool = torch.cuda.graph_pool_handle()
-        self._stream = torch.cuda.Stream()
-        self._baseline = torch.cuda.memory_reserved()
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        with on_device(device):
+            self._pool = torch.cuda.graph_pool_handle()
+            self._stream = torch.cuda.Stream(device)
+        self._pool_bytes = 0
 
-    def record(self, fn: StepFn, args: tuple[DecodePlan, CacheRows]) -> tuple[torch.Tensor, Any]:
-        stream = self._stream
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            fn(*args)  # an eager pass first: lazy allocations (the K/V pool) happen outside
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool, stream=stream):
-            output = fn(*args)
-        graph.replay()
+    def record(
+        self, fn: StepFn, args: tuple[DecodePlan, CacheRows], guard: Guard
+    ) -> tuple[torch.Tensor, Any]:
+        with on_device(self.device):
+            stream = self._stream
+            stream.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(stream), guard():
+                fn(*args)  # an eager pass first: lazy allocations happen outside the pool
+            torch.cuda.current_stream(self.device).wait_stream(stream)
+            torch.cuda.synchronize(self.device)
+            before = torch.cuda.memory_reserved(self.device)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self._pool, stream=stream), guard():
+                output = fn(*args)
+            torch.cuda.synchronize(self.device)
+            self._pool_bytes += max(0, torch.cuda.memory_reserved(self.device) - before)
+            graph.replay()
         return output, (graph, output)
 
     def replay(self, handle: Any) -> torch.Tensor:
@@ -98,12 +127,12 @@ class CudaGraphBackend:
         return output
 
     def pool_bytes(self) -> int:
-        return max(0, torch.cuda.memory_reserved() - self._baseline)
+        return self._pool_bytes
 
 
 def default_backend(device: torch.device) -> Backend:
     if device.type == "cuda" and torch.cuda.is_available():
-        return CudaGraphBackend()
+        return CudaGraphBackend(device)
     return FrozenCallBackend()
 
 
@@ -121,7 +150,8 @@ class Recording:
 
 
 class DecodeGraphs:
-    """The recordings of one engine, and the counters /metrics reports."""
+    """The recordings of one engine, their shared logits buffer, and the counters /metrics
+    reports."""
 
     def __init__(
         self,
@@ -131,22 +161,45 @@ class DecodeGraphs:
         *,
         backend: Backend,
         num_heads: int,
+        vocab_size: int,
         budget_bytes: Callable[[], int],
     ) -> None:
-        self._step = step
+        self._model_step = step
         self.table = table
         self.buffers = buffers
         self.backend = backend
         self.num_heads = num_heads
+        self.device = table.device
         self._budget_bytes = budget_bytes
+        # Made before any recording, so it lives outside the recordings' pool; each recording
+        # writes its rows here, and a step's logits are read before the next step writes.
+        self.logits = torch.zeros(
+            (buffers.max_batch, vocab_size), dtype=torch.float32, device=self.device
+        )  # [max_rows, vocab]
         self.recordings: dict[Shape, Recording] = {}
         self._baseline = self.addresses()
+        self.warmed = False  # set by the warm-up: from then on nothing is recorded
         self.num_recorded = 0
         self.num_cold = 0
         self.num_replays = 0
+        self.num_eager_fallback = 0
 
     def addresses(self) -> dict[str, int]:
-        return {**self.buffers.addresses(), "slot_table": self.table.address}
+        return {
+            **self.buffers.addresses(),
+            "slot_table": self.table.address,
+            "logits": self.logits.data_ptr(),
+        }
+
+    def step(self, plan: DecodePlan, cache: CacheRows) -> torch.Tensor:
+        """The recorded step: the model's forward, its logits copied into the shared buffer."""
+        out = self._model_step(plan, cache)  # [rows, vocab]
+        rows = self.logits[: out.shape[0]]
+        rows.copy_(out)
+        return rows
+
+    def _guard(self) -> AbstractContextManager[object]:
+        return capture_guard(self.device)
 
     def can_replay(self, plan: DecodePlan) -> bool:
         recording = self.recordings.get(Shape(*plan.shape))
@@ -164,7 +217,7 @@ class DecodeGraphs:
         check_addresses_stable(self._baseline, self.addresses())
         check_pool_budget(needed, self._budget_bytes())
         started = time.perf_counter()
-        output, handle = self.backend.record(self._step, (plan, cache))
+        output, handle = self.backend.record(self.step, (plan, cache), self._guard)
         seconds = time.perf_counter() - started
         self.recordings[shape] = Recording(
             shape, cache.rows, plan, cache, self.addresses(), handle, seconds, cold, needed
@@ -191,11 +244,22 @@ class DecodeGraphs:
         """Forget shape's recording (a warm-up probe the time budget then trimmed away)."""
         self.recordings.pop(shape, None)
 
-    def run(self, plan: DecodePlan, cache: CacheRows, *, cold: bool) -> torch.Tensor:
-        """Replay the shape's recording; record it first (lazily) when none serves these rows."""
+    def destroy(self) -> None:
+        """Free every recording (a clean shutdown); the counters stay for the last scrape."""
+        self.recordings.clear()
+
+    def run(self, plan: DecodePlan, cache: CacheRows) -> torch.Tensor:
+        """Logits of plan's rows ([num_rows, vocab], padded rows included).
+
+        Replay the shape's recording. Without one: a warmed engine runs the step eagerly (a
+        shape outside its warm list: counted, never recorded in front of a client); a lazy
+        engine records it once, over the empty selection, so it is bound to no row set."""
         if self.can_replay(plan):
             return self.replay(plan)
-        return self.record(plan, cache, cold=cold)
+        if self.warmed:
+            self.num_eager_fallback += 1
+            return self._model_step(plan, cache)
+        return self.record(plan, cache.pool.warm(), cold=True)
 
     def stats(self) -> dict[str, int | float | str]:
         pool = self.backend.pool_bytes()
@@ -205,7 +269,9 @@ class DecodeGraphs:
             "recordings": self.num_recorded,
             "cold_recordings": self.num_cold,
             "replays": self.num_replays,
+            "eager_fallback_steps": self.num_eager_fallback,
             "shapes": len(self.recordings),
+            "logits_buffer_bytes": self.logits.numel() * self.logits.element_size(),
             "pool_bytes": pool,
             "pool_sharing_ratio": needed / pool if pool else 0.0,
         }

@@ -14,6 +14,7 @@ from nanoserve.core import (
     paged_prefill_attention,
 )
 from nanoserve.core.errors import GeometryError
+from nanoserve.runtime.device import resolve_device
 
 
 class KVPool:
@@ -28,7 +29,7 @@ class KVPool:
 
     def __init__(self, plan: KVPoolPlan, device: torch.device | str = "cpu") -> None:
         self.plan = plan
-        self.device = torch.device(device)
+        self.device = resolve_device(device)
         self._layers: list[torch.Tensor | None] = [None] * plan.num_layers
 
     @property

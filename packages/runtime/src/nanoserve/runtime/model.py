@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from nanoserve.core import DecodePlan, PrefillPlan
+from nanoserve.runtime.device import resolve_device
 from nanoserve.runtime.errors import WeightsError
 from nanoserve.runtime.int8_weight import Int8Weight
 from nanoserve.runtime.kv_pool import CacheRows
@@ -24,14 +25,29 @@ from nanoserve.runtime.model_config import ModelConfig, rope_inv_freq
 INVARIANT_ROW_TILE = 4
 
 
-def attention_dtype(dtype: torch.dtype, batch_invariant: bool) -> torch.dtype:
+def attention_dtype(
+    dtype: torch.dtype, batch_invariant: bool, device: torch.device | str = "cpu"
+) -> torch.dtype:
     """What attention's matmuls run in. bf16/fp16 models: their own dtype, whose (oneDNN)
-    kernels are batch- and width-invariant, at no cost. fp32 models: float64 when invariance
-    is asked for (padding width and kernel shape then leave no trace once rounded back),
-    else float32."""
+    kernels are batch- and width-invariant, at no cost. fp32 models on a CPU: float64 when
+    invariance is asked for (padding width and kernel shape then leave no trace once rounded
+    back), else float32. On CUDA always the model's dtype (float32 for fp32): float64 and
+    row padding are recipes measured against MKL and oneDNN, not cuBLAS, and float64 is slow
+    there; see `invariance`."""
     if dtype in (torch.bfloat16, torch.float16):
         return dtype
-    return torch.float64 if batch_invariant else torch.float32
+    cpu = torch.device(device).type == "cpu"
+    return torch.float64 if batch_invariant and cpu else torch.float32
+
+
+def invariance(dtype: torch.dtype, batch_invariant: bool, device: torch.device | str) -> str:
+    """What a row's tokens are independent of, per backend, as measured or as built:
+
+    - "batch and bucket" (CPU, batch_invariant): alone, batched, padded to any bucket;
+    - "bucket shape" (CUDA, or batch_invariant off): the same bucket shape gives the same
+      bits (recorded == eager at that shape); across shapes cuBLAS may pick other kernels."""
+    cpu = torch.device(device).type == "cpu"
+    return "batch and bucket" if batch_invariant and cpu else "bucket shape"
 
 
 Linear = torch.Tensor | Int8Weight
@@ -68,9 +84,10 @@ class LlamaModel:
         self.config = config
         self.quantize = quantize
         self.dtype = dtype
-        self.device = torch.device(device)
+        self.device = resolve_device(device)
         self.batch_invariant = batch_invariant
-        self.accum_dtype = attention_dtype(dtype, batch_invariant)
+        self.accum_dtype = attention_dtype(dtype, batch_invariant, self.device)
+        self.invariance = invariance(dtype, batch_invariant, self.device)
         self.scale = config.head_dim**-0.5
 
         def take(name: str) -> torch.Tensor:
@@ -78,7 +95,9 @@ class LlamaModel:
                 tensor = weights.pop(name)
             except KeyError:
                 raise WeightsError("checkpoint", f"weight {name} is missing") from None
-            return tensor.to(device=self.device, dtype=dtype)
+            if tensor.device != self.device:
+                tensor = tensor.to(self.device)
+            return tensor if tensor.dtype == dtype else tensor.to(dtype)
 
         def take_optional(name: str) -> torch.Tensor | None:
             return take(name) if name in weights else None
@@ -114,7 +133,7 @@ class LlamaModel:
             for layer in self.layers:
                 for name in ("qkv", "o", "gate_up", "down"):
                     setattr(layer, name, Int8Weight.quantize(getattr(layer, name), dtype))
-        inv_freq = rope_inv_freq(config).to(self.device, torch.float32)  # [head_dim / 2]
+        inv_freq = rope_inv_freq(config, self.device)  # [head_dim / 2] float32
         # The rotary table covers what the deployment serves, not a 128k-position config.
         positions = min(config.max_position_embeddings, max_positions or 1 << 62)
         t = torch.arange(positions, device=self.device, dtype=torch.float32)
@@ -133,6 +152,23 @@ class LlamaModel:
         """Build from (name, tensor) pairs; each is cast and placed once, then dropped."""
         return cls(config, dict(tensors), **kwargs)  # type: ignore[arg-type]
 
+    @classmethod
+    def empty(
+        cls,
+        config: ModelConfig,
+        *,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+        **kwargs: object,
+    ) -> LlamaModel:
+        """Uninitialised weights of config's shape: for a trace on `meta`, or to fill with
+        random values (the GPU check's stand-in for a checkpoint it cannot carry)."""
+        weights = {
+            name: torch.empty(shape, dtype=dtype, device=device)
+            for name, shape in weight_shapes(config).items()
+        }
+        return cls(config, weights, dtype=dtype, device=device, **kwargs)  # type: ignore[arg-type]
+
     # -- pieces ---------------------------------------------------------------------------
 
     def _linear(self, x: torch.Tensor, w: Linear, b: torch.Tensor | None = None) -> torch.Tensor:
@@ -140,7 +176,7 @@ class LlamaModel:
             return w.matmul(x, b)
         rows = x.shape[0]
         pad = -rows % INVARIANT_ROW_TILE
-        if self.batch_invariant and pad and x.dtype == torch.float32:
+        if self.batch_invariant and pad and x.dtype == torch.float32 and x.device.type == "cpu":
             x = torch.cat((x, x.new_zeros(pad, x.shape[1])))
             return F.linear(x, w, b)[:rows]
         return F.linear(x, w, b)
@@ -200,3 +236,32 @@ class LlamaModel:
                 logit_rows = plan.last_token_idx
         x = self._rms_norm(x[logit_rows], self.norm)
         return self._linear(x, self.lm_head).float()
+
+
+def weight_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Every weight the model takes, by Hugging Face name, and its shape."""
+    hidden, inter = config.hidden_size, config.intermediate_size
+    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (config.vocab_size, hidden)}
+    for i in range(config.num_layers):
+        p = f"model.layers.{i}."
+        shapes |= {
+            p + "self_attn.q_proj.weight": (config.q_size, hidden),
+            p + "self_attn.k_proj.weight": (config.kv_size, hidden),
+            p + "self_attn.v_proj.weight": (config.kv_size, hidden),
+            p + "self_attn.o_proj.weight": (hidden, config.q_size),
+            p + "mlp.gate_proj.weight": (inter, hidden),
+            p + "mlp.up_proj.weight": (inter, hidden),
+            p + "mlp.down_proj.weight": (hidden, inter),
+            p + "input_layernorm.weight": (hidden,),
+            p + "post_attention_layernorm.weight": (hidden,),
+        }
+        if config.attention_bias:
+            shapes |= {
+                p + "self_attn.q_proj.bias": (config.q_size,),
+                p + "self_attn.k_proj.bias": (config.kv_size,),
+                p + "self_attn.v_proj.bias": (config.kv_size,),
+            }
+    shapes["model.norm.weight"] = (hidden,)
+    if not config.tie_word_embeddings:
+        shapes["lm_head.weight"] = (config.vocab_size, hidden)
+    return shapes

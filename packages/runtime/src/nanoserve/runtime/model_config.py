@@ -223,11 +223,11 @@ class ModelConfig:
         return out
 
 
-def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
+def rope_inv_freq(config: ModelConfig, device: torch.device | str = "cpu") -> torch.Tensor:
     """Rotary inverse frequencies, `[head_dim // 2]` float32, exactly as transformers computes them."""
     dim = config.head_dim
     # Same op order as transformers (int64 arange, then float32 division and power), so the bits agree.
-    exponents = torch.arange(0, dim, 2, dtype=torch.int64).to(torch.float32) / dim
+    exponents = torch.arange(0, dim, 2, dtype=torch.int64, device=device).to(torch.float32) / dim
     inv_freq = 1.0 / (config.rope_theta**exponents)
     s = config.rope_scaling
     if s is None:

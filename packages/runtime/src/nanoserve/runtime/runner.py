@@ -62,6 +62,7 @@ class ModelRunner:
                 self.buffers,
                 backend=backend or default_backend(device),
                 num_heads=model.config.num_heads,
+                vocab_size=model.config.vocab_size,
                 budget_bytes=self.warm_budget_bytes,
             )
 
@@ -103,7 +104,7 @@ class ModelRunner:
         real = len(plan.rows)
         cache = self.pool.view(plan.rows)
         if self.graphs is not None:
-            logits = self.graphs.run(plan, cache, cold=True)
+            logits = self.graphs.run(plan, cache)
         else:
             logits = self.model.forward(plan, cache)
         return logits[:real]

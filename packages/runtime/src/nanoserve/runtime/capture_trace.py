@@ -1,0 +1,86 @@
+"""The recorded step traced as CUDA would run it, on a machine without CUDA.
+
+On a CPU every tensor is a host tensor, so a host zero or a device-less factory inside the step
+is invisible to a real run. Here the whole step lives on `meta` (weights, K/V pool, slot table,
+persistent buffers, logits buffer), standing in for the accelerator, and the capture guard
+treats anything on the host as the foreign device it would be on a GPU: a host tensor, a
+host<->device copy or a sync in the step fails by name. Meta tensors have shapes and no data, so
+a 30-layer model's whole warm list traces in seconds and needs no weights.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import torch
+
+from nanoserve.core import DecodeBuffers, Shape, SlotTable, plan_kv_pool, warmup_plan
+from nanoserve.runtime.capture_guard import capture_guard
+from nanoserve.runtime.graphs import DecodeGraphs, FrozenCallBackend
+from nanoserve.runtime.kv_pool import KVPool
+from nanoserve.runtime.model import LlamaModel
+from nanoserve.runtime.model_config import ModelConfig
+
+TRACE_DEVICE = torch.device("meta")
+
+
+@dataclass(frozen=True, slots=True)
+class StepTrace:
+    shapes: tuple[Shape, ...]  # traced, every one clean
+    ops: int  # aten ops the guard saw, over all shapes
+
+
+def trace_recorded_steps(
+    config: ModelConfig,
+    shapes: Iterable[Shape],
+    *,
+    dtype: torch.dtype = torch.float32,
+    quantize: str | None = None,
+    batch_invariant: bool = True,
+    max_batch: int,
+    max_model_len: int,
+    block_size: int = 16,
+) -> StepTrace:
+    """Run the recorded decode step of every shape on meta under the capture guard.
+
+    Raises the guard's named error (HostSyncError, ForeignDeviceError, DynamicShapeError) at
+    the first op a CUDA graph could not hold."""
+    model = LlamaModel.empty(
+        config,
+        dtype=dtype,
+        device=TRACE_DEVICE,
+        quantize=quantize,
+        batch_invariant=batch_invariant,
+        max_positions=max_model_len,
+    )
+    pool_plan = plan_kv_pool(
+        num_layers=config.num_layers,
+        num_kv_heads=config.num_kv_heads,
+        head_dim=config.head_dim,
+        dtype=model.dtype,
+        block_size=block_size,
+        budget_bytes=max_batch * max_model_len * config.num_layers * config.kv_size * 2 * 4,
+    )
+    pool = KVPool(pool_plan, TRACE_DEVICE)
+    table = SlotTable(max_batch, max_model_len, pool_plan.sink_slot, TRACE_DEVICE)
+    buffers = DecodeBuffers.allocate(max_batch, pool_plan.sink_slot, TRACE_DEVICE)
+    graphs = DecodeGraphs(
+        model.forward,
+        table,
+        buffers,
+        backend=FrozenCallBackend(),
+        num_heads=config.num_heads,
+        vocab_size=config.vocab_size,
+        budget_bytes=lambda: 1 << 62,
+    )
+    traced: list[Shape] = []
+    ops = 0
+    with torch.inference_mode():
+        for shape in shapes:
+            plan = buffers.load(warmup_plan(shape.rows, shape.width, table=table))
+            with capture_guard(TRACE_DEVICE) as guard:
+                graphs.step(plan, pool.warm())
+            ops += guard.num_ops
+            traced.append(shape)
+    return StepTrace(tuple(traced), ops)
