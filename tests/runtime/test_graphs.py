@@ -165,7 +165,7 @@ def test_a_stale_frozen_argument_gives_wrong_tokens(tiny_llama_dir: Path) -> Non
     ((shape, recording),) = graphs.recordings.items()
     stale = replace(recording.plan, slot_rect=recording.plan.slot_rect.clone())
     # Only the frozen call holds the copy: every replay check sees the real window and passes.
-    graphs.recordings[shape] = replace(recording, handle=(graphs._step, (stale, recording.cache)))
+    graphs.recordings[shape] = replace(recording, handle=(graphs.step, (stale, recording.cache)))
     expected = [t for d in good.run_until_done() for t in d.token_ids]
     got = [t for d in bad.run_until_done() for t in d.token_ids]
     assert len(got) == len(expected) == 28

@@ -182,14 +182,14 @@ def test_touched_pool_is_named(tiny_llama_dir: Path) -> None:
 
 
 def test_budget_trims_the_widest_shapes(tiny_llama_dir: Path) -> None:
-    engine = tiny_engine(
-        tiny_llama_dir, **WARM, **MODES["recorded"], warm_budget_bytes=4 * 4 * 32 * 4
-    )
+    """The memory budget holds a step's real peak (StepFootprint), at the list's widest rows."""
+    probe = tiny_engine(tiny_llama_dir, **WARM, **MODES["recorded"])
+    budget = probe.runner.footprint.peak_bytes(4, 40)  # fits width 40 at 4 rows, not 41
+    engine = tiny_engine(tiny_llama_dir, **WARM, **MODES["recorded"], warm_budget_bytes=budget)
     plan, shapes, skipped = plan_warm(engine)
-    heads = engine.model.config.num_heads
-    assert plan.width_ceiling == 4 * 4 * 32 * 4 // (4 * heads * 4)
-    assert all(s.width <= plan.width_ceiling for s in shapes)
-    assert len(shapes) + len(skipped) == 12 and skipped
+    assert plan.width_ceiling == 40 and plan.budget_bytes == budget
+    assert all(s.width <= 32 for s in shapes)  # widths 16, 32 of 16, 32, 48, 64
+    assert len(shapes) + len(skipped) == 12 and len(skipped) == 6
     # A budget caps the widest shape; it does not otherwise shorten the list.
     assert {s.rows for s in shapes} == {1, 2, 4}
     assert all(why.startswith("wider than the budget") for _, why in skipped)

@@ -92,6 +92,11 @@ class _EngineCollector(Collector):
             "Recorded decode steps replayed.",
             value=graphs.get("replays", 0),
         )
+        yield CounterMetricFamily(
+            prefix + "decode_eager_fallback_steps",
+            "Decode steps of a shape outside the warm list, run eagerly (never recorded live).",
+            value=graphs.get("eager_fallback_steps", 0),
+        )
         yield gauge(
             "graph_pool_bytes",
             "Bytes of the recordings' shared memory pool (CUDA).",

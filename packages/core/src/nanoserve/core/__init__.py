@@ -18,6 +18,7 @@ from nanoserve.core.errors import GateError, GeometryError, NanoserveError
 from nanoserve.core.kv_pool_plan import KVPoolPlan, PoolBudgetError, plan_kv_pool
 from nanoserve.core.prefill_plan import PrefillChunk, PrefillPlan, plan_prefill
 from nanoserve.core.slot_table import SlotTable
+from nanoserve.core.step_footprint import StepFootprint
 from nanoserve.core.warm_list import (
     lazy_captures,
     stall_seconds,
@@ -45,6 +46,7 @@ __all__ = [
     "PrefillPlan",
     "Shape",
     "SlotTable",
+    "StepFootprint",
     "bucket_decode",
     "check_conservation",
     "lazy_captures",

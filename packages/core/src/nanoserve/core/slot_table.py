@@ -57,18 +57,25 @@ class SlotTable:
 
     def write_row(self, row: int, seq_id: int, slot_ids: torch.Tensor) -> None:
         """Make row `row` hold seq_id's slot ids for positions 0..len(slot_ids)-1."""
-        self._check_row(row)
         num_tokens = int(slot_ids.shape[0])
+        start = self.claim(row, seq_id, num_tokens)
+        if start < num_tokens:
+            self.tensor[row, start:num_tokens].copy_(slot_ids[start:])
+
+    def claim(self, row: int, seq_id: int, num_tokens: int) -> int:
+        """Record that row `row` holds seq_id's first num_tokens positions, and return the
+        first position the caller must write (0 for a new owner; what was written before for
+        the same one). The caller writes positions start..num_tokens-1 itself, so a planner
+        on the host can batch every row's new entries into one copy."""
+        self._check_row(row)
         if num_tokens > self.max_model_len:
             raise GeometryError(
                 f"sequence {seq_id} has {num_tokens} positions; the table holds {self.max_model_len}"
             )
         start = self._written[row] if self._owners[row] == seq_id else 0
-        start = min(start, num_tokens)
-        if start < num_tokens:
-            self.tensor[row, start:num_tokens].copy_(slot_ids[start:])
         self._owners[row] = seq_id
         self._written[row] = num_tokens
+        return min(start, num_tokens)
 
     def release(self, seq_id: int) -> None:
         """Forget seq_id's rows (it finished or was preempted; its blocks may be reused)."""

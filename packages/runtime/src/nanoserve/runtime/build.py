@@ -13,14 +13,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from nanoserve.core import Shape, warm_shapes, width_ceiling
+from nanoserve.core import Shape, warm_shapes
 from nanoserve.runtime.chat_template import ChatTemplate
 from nanoserve.runtime.checkpoint import load_checkpoint
 from nanoserve.runtime.embedded import embedded_model_path
 from nanoserve.runtime.engine import Engine
 from nanoserve.runtime.engine_config import EngineConfig
 from nanoserve.runtime.errors import ChatTemplateError
-from nanoserve.runtime.memory import free_bytes
 from nanoserve.runtime.model import LlamaModel
 from nanoserve.runtime.sampling_params import SamplingParams
 from nanoserve.runtime.warmup import WarmEstimate, check_cancelled
@@ -100,13 +99,9 @@ def plan_warm(engine: Engine) -> tuple[WarmPlan, tuple, tuple]:
     config = engine.config
     buckets = engine.runner.buckets
     assert buckets is not None and config.warm_max_rows and config.warm_max_width
-    heads = engine.model.config.num_heads
     max_rows = min(config.warm_max_rows, config.max_batch)
-    if config.warm_budget_bytes is not None:
-        budget = config.warm_budget_bytes
-    else:  # the pool is not resident yet: what is free now, less what it will take
-        budget = max(0, free_bytes(engine.pool.device) - engine.pool_plan.total_bytes)
-    ceiling = width_ceiling(budget, max_rows, heads)
+    budget = engine.runner.warm_budget_bytes()
+    ceiling = engine.runner.footprint.width_ceiling(budget, max_rows)
     max_width = min(config.warm_max_width, ceiling)
     by_rows = warm_shapes(buckets, max_rows=max_rows, max_width=config.warm_max_width)
     shapes = warm_shapes(buckets, max_rows=max_rows, max_width=max_width)

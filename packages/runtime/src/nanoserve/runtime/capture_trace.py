@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from nanoserve.core import DecodeBuffers, Shape, SlotTable, plan_kv_pool, warmup_plan
+from nanoserve.core.step_footprint import StepFootprint
 from nanoserve.runtime.capture_guard import capture_guard
 from nanoserve.runtime.graphs import DecodeGraphs, FrozenCallBackend
 from nanoserve.runtime.kv_pool import KVPool
@@ -70,8 +71,14 @@ def trace_recorded_steps(
         table,
         buffers,
         backend=FrozenCallBackend(),
-        num_heads=config.num_heads,
-        vocab_size=config.vocab_size,
+        footprint=StepFootprint(
+            config.num_heads,
+            config.num_kv_heads,
+            config.head_dim,
+            config.vocab_size,
+            pool_bytes=model.dtype.itemsize,
+            accum_bytes=model.accum_dtype.itemsize,
+        ),
         budget_bytes=lambda: 1 << 62,
     )
     traced: list[Shape] = []

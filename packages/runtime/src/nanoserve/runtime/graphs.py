@@ -36,7 +36,7 @@ from nanoserve.core.capture_gates import (
 )
 from nanoserve.core.decode_buffers import BUFFER_NAMES, DecodeBuffers
 from nanoserve.core.errors import GateError
-from nanoserve.core.warm_list import warm_budget_bytes
+from nanoserve.core.step_footprint import StepFootprint
 from nanoserve.runtime.capture_guard import capture_guard
 from nanoserve.runtime.device import on_device
 from nanoserve.runtime.kv_pool import CacheRows
@@ -160,21 +160,20 @@ class DecodeGraphs:
         buffers: DecodeBuffers,
         *,
         backend: Backend,
-        num_heads: int,
-        vocab_size: int,
+        footprint: StepFootprint,
         budget_bytes: Callable[[], int],
     ) -> None:
         self._model_step = step
         self.table = table
         self.buffers = buffers
         self.backend = backend
-        self.num_heads = num_heads
+        self.footprint = footprint
         self.device = table.device
         self._budget_bytes = budget_bytes
         # Made before any recording, so it lives outside the recordings' pool; each recording
         # writes its rows here, and a step's logits are read before the next step writes.
         self.logits = torch.zeros(
-            (buffers.max_batch, vocab_size), dtype=torch.float32, device=self.device
+            (buffers.max_batch, footprint.vocab_size), dtype=torch.float32, device=self.device
         )  # [max_rows, vocab]
         self.recordings: dict[Shape, Recording] = {}
         self._baseline = self.addresses()
@@ -209,7 +208,7 @@ class DecodeGraphs:
     def record(self, plan: DecodePlan, cache: CacheRows, *, cold: bool) -> torch.Tensor:
         """Gate, then record plan's step over cache; returns the logits of the recording run."""
         shape = Shape(*plan.shape)
-        needed = warm_budget_bytes(shape.rows, self.num_heads, shape.width)
+        needed = self.footprint.peak_bytes(shape.rows, shape.width)
         check_pad_inert(plan)
         check_mapping_is_window(plan, self.table)
         check_window_intact(plan, self.table)

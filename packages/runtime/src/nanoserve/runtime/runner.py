@@ -21,6 +21,8 @@ from nanoserve.core import (
     plan_decode,
     plan_prefill,
 )
+from nanoserve.core.step_footprint import StepFootprint
+from nanoserve.runtime.decode_inputs import DecodeInputs
 from nanoserve.runtime.engine_config import EngineConfig
 from nanoserve.runtime.graphs import Backend, DecodeGraphs, StepFn, default_backend
 from nanoserve.runtime.kv_pool import CacheRows, KVPool
@@ -42,6 +44,15 @@ class ModelRunner:
         self.pool = pool
         self.config = config
         self.sink_slot = pool.plan.sink_slot
+        cfg = model.config
+        self.footprint = StepFootprint(
+            num_heads=cfg.num_heads,
+            num_kv_heads=cfg.num_kv_heads,
+            head_dim=cfg.head_dim,
+            vocab_size=cfg.vocab_size,
+            pool_bytes=pool.plan.dtype.itemsize,
+            accum_bytes=model.accum_dtype.itemsize,
+        )
         device = pool.device
         self.buckets = (
             BucketSet(config.max_batch, config.max_model_len, config.width_multiple)
@@ -51,9 +62,13 @@ class ModelRunner:
         self.table: SlotTable | None = None
         self.buffers: DecodeBuffers | None = None
         self.graphs: DecodeGraphs | None = None
+        self.inputs: DecodeInputs | None = None
         if config.persist_inputs:
-            self.table = SlotTable(config.max_batch, config.max_model_len, self.sink_slot, device)
-            self.buffers = DecodeBuffers.allocate(config.max_batch, self.sink_slot, device)
+            self.inputs = DecodeInputs(
+                config.max_batch, config.max_model_len, self.sink_slot, device
+            )
+            self.table = self.inputs.table
+            self.buffers = self.inputs.buffers
         if config.capture_decode:
             assert self.table is not None and self.buffers is not None
             self.graphs = DecodeGraphs(
@@ -61,14 +76,18 @@ class ModelRunner:
                 self.table,
                 self.buffers,
                 backend=backend or default_backend(device),
-                num_heads=model.config.num_heads,
-                vocab_size=model.config.vocab_size,
+                footprint=self.footprint,
                 budget_bytes=self.warm_budget_bytes,
             )
 
     def warm_budget_bytes(self) -> int:
-        """What a recording may use: the configured budget, else the memory measured free."""
-        return self.config.warm_budget_bytes or free_bytes(self.pool.device)
+        """What one recorded step may use at its peak (the one definition: the recording gate
+        and the warm list's width ceiling both read it): the configured budget, else the memory
+        measured free less what the K/V pool will still take when it becomes resident."""
+        if self.config.warm_budget_bytes is not None:
+            return self.config.warm_budget_bytes
+        pending = self.pool.plan.total_bytes - self.pool.resident_bytes
+        return max(0, free_bytes(self.pool.device) - pending)
 
     def execute(self, out: SchedulerOutput) -> torch.Tensor:
         """Logits [rows that sample, vocab], in the order of out.scheduled."""
@@ -90,6 +109,10 @@ class ModelRunner:
             DecodeSeq(s.seq.seq_id, s.seq.token_ids()[-1], s.seq.num_computed, s.seq.block_table)
             for s in out.scheduled
         ]
+        if self.inputs is not None and self.buckets is not None:
+            # Planned on the host, moved in one copy (persistent inputs).
+            width = max(s.position for s in seqs) + 1
+            return self.inputs.load(seqs, self.buckets.bucket_of(len(seqs), width))
         plan = plan_decode(
             seqs, sink_slot=self.sink_slot, table=self.table, device=self.pool.device
         )

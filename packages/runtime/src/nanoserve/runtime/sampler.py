@@ -32,7 +32,10 @@ def sample(
 ) -> SampleResult:
     """logits: [rows, vocab] float32 of the raw model; returns one token per row.
 
-    Unseeded rows draw from `generator` (the engine's own), seeded rows from theirs."""
+    Unseeded rows draw from `generator` (the engine's own), seeded rows from theirs. What
+    depends on the requests (greedy or not, which features are on) is decided on the host
+    from their parameters; each feature's per-row numbers cross to the device in one copy,
+    and the results come back in one read (the only device->host transfer of a step)."""
     num_rows = logits.shape[0]
     params = [r.params for r in rows]
     raw = logits
@@ -40,22 +43,29 @@ def sample(
     device = logits.device
 
     if any(p.logit_bias for p in params):
-        for i, p in enumerate(params):
-            if p.logit_bias:
-                ids = torch.tensor(list(p.logit_bias), device=device)
-                logits[i, ids] += torch.tensor(list(p.logit_bias.values()), device=device)
+        _apply_logit_bias(logits, params)
 
     if any(
         p.repetition_penalty != 1.0 or p.presence_penalty or p.frequency_penalty for p in params
     ):
         _apply_penalties(logits, rows)
 
-    temperature = torch.tensor([p.temperature for p in params], device=device)
-    greedy = temperature == 0.0  # [rows]
     chosen = logits.argmax(dim=-1)  # [rows]
-    if not bool(greedy.all()):
-        scaled = logits / torch.where(greedy, 1.0, temperature)[:, None]
-        scaled = _apply_filters(scaled, params)
+    if not all(p.greedy for p in params):
+        # [5, rows] on the host, one copy: temperature (1 for greedy rows), top_k, top_p,
+        # min_p, and 1 where the row samples.
+        knobs = _upload(
+            [
+                [p.temperature if not p.greedy else 1.0 for p in params],
+                [float(p.top_k or logits.shape[1]) for p in params],
+                [p.top_p for p in params],
+                [p.min_p for p in params],
+                [0.0 if p.greedy else 1.0 for p in params],
+            ],
+            device,
+        )
+        scaled = logits / knobs[0][:, None]
+        scaled = _apply_filters(scaled, params, knobs)
         probs = torch.softmax(scaled, dim=-1)  # [rows, vocab]
         # The exponential race: argmax(p / E) with E ~ Exp(1) draws from p. Seeded rows draw
         # their noise from their own generator, so a row's draw ignores its batch neighbours.
@@ -64,22 +74,42 @@ def sample(
             if r.generator is not None and not params[i].greedy:
                 noise[i].exponential_(generator=r.generator)
         drawn = (probs / noise).argmax(dim=-1)
-        chosen = torch.where(greedy, chosen, drawn)
+        chosen = torch.where(knobs[4] > 0, drawn, chosen)
 
-    token_ids = chosen.tolist()
     want = [p.logprobs for p in params]
     if all(w is None for w in want):
-        return SampleResult(token_ids, None, None)
+        return SampleResult(chosen.tolist(), None, None)
     logprobs_all = torch.log_softmax(raw, dim=-1)  # [rows, vocab]
-    chosen_lp = logprobs_all.gather(1, chosen[:, None])[:, 0].tolist()
     top_n = max(w or 0 for w in want)
-    top: list[list[tuple[int, float]]] = [[] for _ in range(num_rows)]
+    # One read: [rows, 2 + 2 * top_n] float64 (ids are exact in float64) — chosen id, its
+    # logprob, then the top ids and their logprobs.
+    packed = [chosen[:, None].double(), logprobs_all.gather(1, chosen[:, None]).double()]
     if top_n:
         values, ids = logprobs_all.topk(top_n, dim=-1)
-        for i, w in enumerate(want):
-            if w:
-                top[i] = list(zip(ids[i, :w].tolist(), values[i, :w].tolist(), strict=True))
-    return SampleResult(token_ids, chosen_lp, top)
+        packed += [ids.double(), values.double()]
+    table = torch.cat(packed, dim=1).tolist()
+    token_ids = [int(line[0]) for line in table]
+    top: list[list[tuple[int, float]]] = [[] for _ in range(num_rows)]
+    for i, w in enumerate(want):
+        if w:
+            line = table[i]
+            top[i] = [(int(line[2 + j]), line[2 + top_n + j]) for j in range(w)]
+    return SampleResult(token_ids, [line[1] for line in table], top)
+
+
+def _upload(values: list[list[float]], device: torch.device) -> torch.Tensor:
+    """Host lists -> one [len(values), rows] float32 tensor on device, in one copy."""
+    host = torch.tensor(values, dtype=torch.float32)
+    return host if device.type == "cpu" else host.to(device, non_blocking=True)
+
+
+def _apply_logit_bias(logits: torch.Tensor, params: Sequence[SamplingParams]) -> None:
+    pairs = [(i, t, b) for i, p in enumerate(params) for t, b in p.logit_bias.items()]
+    packed = _upload(
+        [[float(i) for i, _, _ in pairs], [float(t) for _, t, _ in pairs]], logits.device
+    )
+    biases = _upload([[b for _, _, b in pairs]], logits.device)[0]
+    logits.index_put_((packed[0].long(), packed[1].long()), biases, accumulate=True)
 
 
 def _apply_penalties(logits: torch.Tensor, rows: Sequence[SampleRow]) -> None:
@@ -87,43 +117,60 @@ def _apply_penalties(logits: torch.Tensor, rows: Sequence[SampleRow]) -> None:
     device = logits.device
     out_counts = torch.zeros((num_rows, vocab), device=device)
     seen = torch.zeros((num_rows, vocab), dtype=torch.bool, device=device)
-    for i, r in enumerate(rows):
-        if r.output_ids:
-            ids = torch.tensor(r.output_ids, device=device)
-            out_counts[i].index_add_(0, ids, torch.ones(len(ids), device=device))
-        if r.params.repetition_penalty != 1.0 and r.prompt_ids:
-            seen[i, torch.tensor(list(r.prompt_ids), device=device)] = True
+    # Every row's generated ids and (where repetition applies) prompt ids, flattened with their
+    # row index: [4, n] ids in one copy (float32 holds ids below 2^24 exactly).
+    out_pairs = [(i, t) for i, r in enumerate(rows) for t in r.output_ids]
+    prompt_pairs = [
+        (i, t)
+        for i, r in enumerate(rows)
+        if r.params.repetition_penalty != 1.0
+        for t in r.prompt_ids
+    ]
+    if out_pairs:
+        ids = _upload([[float(i) for i, _ in out_pairs], [float(t) for _, t in out_pairs]], device)
+        out_counts.index_put_(
+            (ids[0].long(), ids[1].long()), torch.ones(len(out_pairs), device=device), True
+        )
+    if prompt_pairs:
+        ids = _upload(
+            [[float(i) for i, _ in prompt_pairs], [float(t) for _, t in prompt_pairs]], device
+        )
+        seen[ids[0].long(), ids[1].long()] = True
     seen |= out_counts > 0
+    knobs = _upload(
+        [
+            [r.params.repetition_penalty for r in rows],
+            [r.params.presence_penalty for r in rows],
+            [r.params.frequency_penalty for r in rows],
+        ],
+        device,
+    )[:, :, None]  # [3, rows, 1]
     # Repetition (CTRL / Hugging Face): shrink the logit of every token already seen.
-    rep = torch.tensor([r.params.repetition_penalty for r in rows], device=device)[:, None]
-    penalised = torch.where(logits > 0, logits / rep, logits * rep)
+    penalised = torch.where(logits > 0, logits / knobs[0], logits * knobs[0])
     logits.copy_(torch.where(seen, penalised, logits))
     # Presence and frequency (OpenAI): over the generated tokens only.
-    presence = torch.tensor([r.params.presence_penalty for r in rows], device=device)[:, None]
-    frequency = torch.tensor([r.params.frequency_penalty for r in rows], device=device)[:, None]
-    logits -= frequency * out_counts + presence * (out_counts > 0)
+    logits -= knobs[2] * out_counts + knobs[1] * (out_counts > 0)
 
 
-def _apply_filters(logits: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
-    top_k = [p.top_k for p in params]
-    top_p = [p.top_p for p in params]
-    min_p = [p.min_p for p in params]
+def _apply_filters(
+    logits: torch.Tensor, params: Sequence[SamplingParams], knobs: torch.Tensor
+) -> torch.Tensor:
+    """top_k / top_p / min_p; knobs[1:] are their per-row values on the device."""
     device = logits.device
-    if any(top_k) or any(p < 1.0 for p in top_p):
+    if any(p.top_k for p in params) or any(p.top_p < 1.0 for p in params):
         sorted_logits, order = logits.sort(dim=-1, descending=True)
         vocab = logits.shape[1]
         rank = torch.arange(vocab, device=device)[None, :]
-        k = torch.tensor([k or vocab for k in top_k], device=device)[:, None]
-        drop = rank >= k
+        drop = rank >= knobs[1][:, None]
         probs = torch.softmax(sorted_logits.masked_fill(drop, float("-inf")), dim=-1)
         # Keep the smallest prefix whose mass reaches top_p (the top token always stays).
         before = probs.cumsum(dim=-1) - probs
-        drop |= before >= torch.tensor(top_p, device=device)[:, None]
-        drop[:, 0] = False
+        drop |= before >= knobs[2][:, None]
+        drop.select(1, 0).fill_(False)  # a scalar fill: no host tensor
         sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
         logits = torch.empty_like(logits).scatter_(1, order, sorted_logits)
-    if any(min_p):
+    if any(p.min_p for p in params):
         probs = torch.softmax(logits, dim=-1)
-        floor = torch.tensor(min_p, device=device)[:, None] * probs.amax(dim=-1, keepdim=True)
+        floor = knobs[3][:, None] * probs.amax(dim=-1, keepdim=True)
         logits = logits.masked_fill(probs < floor, float("-inf"))
     return logits
