@@ -63,7 +63,7 @@ from nanoserve.core import Shape, warm_shapes  # noqa: E402
 from nanoserve.runtime.build import warm  # noqa: E402
 from nanoserve.runtime.engine import Engine  # noqa: E402
 from nanoserve.runtime.engine_config import EngineConfig  # noqa: E402
-from nanoserve.runtime.model import LlamaModel  # noqa: E402
+from nanoserve.runtime.model import LlamaModel, weight_shapes  # noqa: E402
 from nanoserve.runtime.model_config import ModelConfig  # noqa: E402
 from nanoserve.runtime.sampling_params import SamplingParams  # noqa: E402
 from nanoserve.runtime.tokenizer import Tokenizer  # noqa: E402
@@ -207,31 +207,15 @@ def smollm2_config(layers: int) -> ModelConfig:
 def random_weights(
     config: ModelConfig, device: torch.device, seed: int = 0
 ) -> dict[str, torch.Tensor]:
-    """Hugging Face names, N(0, 0.02²) matrices, unit norms; drawn on the device (fast there)."""
+    """Every weight the model takes (`weight_shapes`): N(0, 0.02²) matrices, unit norms; drawn
+    on the device (fast there)."""
     generator = torch.Generator(device=device).manual_seed(seed)
-
-    def normal(*shape: int) -> torch.Tensor:
-        return torch.randn(shape, generator=generator, device=device) * WEIGHT_STD
-
-    hidden, inter = config.hidden_size, config.intermediate_size
-    weights = {
-        "model.embed_tokens.weight": normal(config.vocab_size, hidden),
-        "model.norm.weight": torch.ones(hidden, device=device),
+    return {
+        name: torch.ones(shape, device=device)
+        if name.endswith("norm.weight")
+        else torch.randn(shape, generator=generator, device=device) * WEIGHT_STD
+        for name, shape in weight_shapes(config).items()
     }
-    for i in range(config.num_layers):
-        p = f"model.layers.{i}."
-        weights |= {
-            f"{p}self_attn.q_proj.weight": normal(config.q_size, hidden),
-            f"{p}self_attn.k_proj.weight": normal(config.kv_size, hidden),
-            f"{p}self_attn.v_proj.weight": normal(config.kv_size, hidden),
-            f"{p}self_attn.o_proj.weight": normal(hidden, config.q_size),
-            f"{p}mlp.gate_proj.weight": normal(inter, hidden),
-            f"{p}mlp.up_proj.weight": normal(inter, hidden),
-            f"{p}mlp.down_proj.weight": normal(hidden, inter),
-            f"{p}input_layernorm.weight": torch.ones(hidden, device=device),
-            f"{p}post_attention_layernorm.weight": torch.ones(hidden, device=device),
-        }
-    return weights
 
 
 def make_tokenizer(vocab_size: int) -> Tokenizer:
@@ -467,13 +451,19 @@ def check_tokens(report: Report, model: LlamaModel, tokenizer: Tokenizer, sizes:
         f"staggered workload: {len(arrivals)} requests, {num_tokens} greedy tokens,"
         f" {base['dtype']}, warm list {warm_report.num_recorded} shapes"
     )
-    for label, a, b in (
-        ("eager == recorded", "eager", "recorded"),
-        ("persistent (bucketed, eager) == recorded: same shapes", "persistent", "recorded"),
+    # Same bucket shapes run the same kernels: persistent == recorded must hold everywhere.
+    # Across shapes (eager rows vs a padded bucket) only the CPU's batch-invariant mode claims
+    # bit-identity; on CUDA it is reported (cuBLAS may pick another kernel per row count).
+    cross_shape_claimed = model.invariance == "batch and bucket"
+    result["cross_shape_claimed"] = cross_shape_claimed
+    for label, a, b, strict in (
+        ("eager == recorded", "eager", "recorded", cross_shape_claimed),
+        ("persistent (bucketed, eager) == recorded: same shapes", "persistent", "recorded", True),
     ):
         mismatch = first_mismatch(tokens[a], tokens[b])
-        report.say(f"  {label}: {'PASS' if mismatch is None else 'FAIL, ' + mismatch}")
-        if mismatch is not None:
+        verdict = "PASS" if mismatch is None else ("FAIL, " if strict else "differs, ") + mismatch
+        report.say(f"  {label}: {verdict}" + ("" if strict else " (reported, not claimed)"))
+        if mismatch is not None and strict:
             report.failures.append(f"{label}: {mismatch}")
     ok = new_recordings == 0 and cold == 0
     report.say(
