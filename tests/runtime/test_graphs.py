@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from nanoserve.core import DecodeBuffers, DecodePlan, lazy_captures
+from nanoserve.core import DecodeBuffers, DecodePlan, lazy_captures, warm_shapes
 from nanoserve.core.capture_gates import (
     AddressesMovedError,
     MappingNotWindowError,
@@ -27,6 +27,7 @@ from nanoserve.runtime.graphs import (
 from nanoserve.runtime.kv_pool import CacheRows
 from nanoserve.runtime.sampling_params import SamplingParams
 from nanoserve.runtime.scheduler import SchedulerOutput
+from nanoserve.runtime.warmup import warmup_batch
 from tests.runtime.capture_helpers import MODES, tiny_engine
 
 
@@ -182,3 +183,19 @@ def test_lazy_recordings_follow_lazy_captures(tiny_llama_dir: Path) -> None:
             engine.add_request(f"l{i}", [10 + i] * 16, params)
         engine.run_until_done()
         assert engine.runner.graphs.num_cold == expected
+
+
+def test_every_recording_writes_the_one_logits_buffer(tiny_llama_dir: Path) -> None:
+    """Logits memory does not grow with the number of recordings: each replay's logits are a
+    slice of the one static [max_batch, vocab] buffer."""
+    engine = tiny_engine(tiny_llama_dir, **MODES["recorded"], max_model_len=64, width_multiple=16)
+    shapes = warm_shapes(engine.runner.buckets)
+    engine.warm_decode(shapes)
+    graphs = engine.runner.graphs
+    buffer = graphs.logits
+    assert tuple(buffer.shape) == (8, engine.model.config.vocab_size)
+    for shape in shapes:
+        logits = graphs.replay(warmup_batch(engine.runner, shape).plan)
+        assert logits.data_ptr() == buffer.data_ptr() and logits.shape[0] == shape.rows
+    assert graphs.stats()["logits_buffer_bytes"] == buffer.numel() * 4
+    assert graphs.addresses()["logits"] == buffer.data_ptr()

@@ -197,7 +197,7 @@ class DecodeGraphs:
         rows.copy_(out)
         return rows
 
-    def _guard(self) -> AbstractContextManager[object]:
+    def guard(self) -> AbstractContextManager[object]:
         return capture_guard(self.device)
 
     def can_replay(self, plan: DecodePlan) -> bool:
@@ -216,7 +216,7 @@ class DecodeGraphs:
         check_addresses_stable(self._baseline, self.addresses())
         check_pool_budget(needed, self._budget_bytes())
         started = time.perf_counter()
-        output, handle = self.backend.record(self.step, (plan, cache), self._guard)
+        output, handle = self.backend.record(self.step, (plan, cache), self.guard)
         seconds = time.perf_counter() - started
         self.recordings[shape] = Recording(
             shape, cache.rows, plan, cache, self.addresses(), handle, seconds, cold, needed
