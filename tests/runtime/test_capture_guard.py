@@ -39,6 +39,7 @@ X = torch.tensor([1.0, -2.0, 3.0])
         (lambda x: x.nonzero(), DynamicShapeError, "nonzero"),
         (lambda x: x[x > 0], DynamicShapeError, "index.Tensor"),
         (lambda x: x.masked_select(x > 0), DynamicShapeError, "masked_select"),
+        (lambda x: x.clone().__setitem__(x > 0, 0.0), DynamicShapeError, "index_put"),
         (lambda x: torch.unique(x), DynamicShapeError, "unique"),
         (
             lambda x: torch.repeat_interleave(x, torch.ones(3, dtype=torch.int64, device="cpu")),

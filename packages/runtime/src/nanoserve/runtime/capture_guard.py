@@ -52,9 +52,13 @@ def _op_name(func: Any) -> str:
     return str(func.overloadpacket.__name__) + "." + str(func._overloadname)
 
 
+_MASK_DTYPES = (torch.bool, torch.uint8)
+_INDEX_OPS = ("index", "index_put", "index_put_", "_index_put_impl_")
+
+
 def _is_bool_index(args: tuple[Any, ...]) -> bool:
     indices = args[1] if len(args) > 1 else ()
-    return any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in indices or ())
+    return any(isinstance(i, torch.Tensor) and i.dtype in _MASK_DTYPES for i in indices or ())
 
 
 def _dynamic_shape_is_fixed(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
@@ -93,8 +97,12 @@ class CaptureGuard(TorchDispatchMode):
                 " (.item(), .tolist(), bool(tensor) and the like); decide it on the host"
                 " before the step"
             )
-        if torch.Tag.dynamic_output_shape in tags and not _dynamic_shape_is_fixed(
-            func, args, kwargs
+        # A mask index is a nonzero inside (a sync on CUDA), also where the op's shape is
+        # fixed: `t[mask] = v` is index_put_, which carries no dynamic-shape tag.
+        masked = func.overloadpacket.__name__ in _INDEX_OPS and _is_bool_index(args)
+        if masked or (
+            torch.Tag.dynamic_output_shape in tags
+            and not _dynamic_shape_is_fixed(func, args, kwargs)
         ):
             raise DynamicShapeError(
                 f"{_op_name(func)} gives an output whose shape depends on tensor values"

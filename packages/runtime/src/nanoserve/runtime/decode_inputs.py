@@ -45,8 +45,8 @@ class DecodeInputs:
         # at once) takes one more copy per `capacity`.
         self.capacity = capacity or max(max_model_len, 8 * max_batch)
         size = NUM_VECTORS * max_batch + 2 * self.capacity
-        pinned = device.type == "cuda" and torch.cuda.is_available()
-        self._host = torch.zeros(size, dtype=torch.int64, pin_memory=pinned)  # [size]
+        self._pinned = device.type == "cuda" and torch.cuda.is_available()
+        self._host = torch.zeros(size, dtype=torch.int64, pin_memory=self._pinned)  # [size]
         self._device = torch.zeros(size, dtype=torch.int64, device=device)  # [size]
         vectors = self._device[: NUM_VECTORS * max_batch].view(NUM_VECTORS, max_batch)
         self.buffers = DecodeBuffers(*vectors.unbind(0))
@@ -79,10 +79,14 @@ class DecodeInputs:
         slots: list[int] = []
         for row, seq in enumerate(seqs):
             num_tokens = seq.position + 1
-            start = self.table.claim(row, seq.seq_id, num_tokens)
-            table = seq.block_table
+            # What the table lacks, read without changing it: a bad position raises here,
+            # before any row is marked written.
+            held = self.table.written_len(row) if self.table.owner(row) == seq.seq_id else 0
+            start = min(held, num_tokens)
             index.extend(range(row * stride + start, row * stride + num_tokens))
-            slots.extend(table.slot(p) for p in range(start, num_tokens))
+            slots.extend(seq.block_table.slot(p) for p in range(start, num_tokens))
+        for row, seq in enumerate(seqs):
+            self.table.claim(row, seq.seq_id, seq.position + 1)
         self._move(staged, index, slots)
         rows = tuple(s.seq_id for s in seqs)
         views = {name: vector[: shape.rows] for name, vector in self._named_vectors()}
@@ -106,10 +110,14 @@ class DecodeInputs:
     def _move(self, staged: list[int], index: list[int], slots: list[int]) -> None:
         """One host->device copy of the vectors and up to `capacity` table entries; then the
         entries scattered into the table on the device. The staging is rewritten next step
-        only after the step's sampled ids came back (a sync), so the async copy has landed."""
+        only after the step's sampled ids came back (a sync), so the async copy has landed;
+        within a step, an overflow chunk waits for the previous chunk's copy before it reuses
+        the staging (rare: only when many long sequences take rows at once)."""
         head = len(staged)
         first = True
         for start in range(0, max(len(index), 1), self.capacity):
+            if not first and self._pinned:
+                torch.cuda.current_stream(self.device).synchronize()
             k = len(index[start : start + self.capacity])
             data = (staged if first else []) + index[start : start + k] + slots[start : start + k]
             offset = 0 if first else head

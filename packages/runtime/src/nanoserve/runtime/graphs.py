@@ -112,6 +112,9 @@ class CudaGraphBackend:
                 fn(*args)  # an eager pass first: lazy allocations happen outside the pool
             torch.cuda.current_stream(self.device).wait_stream(stream)
             torch.cuda.synchronize(self.device)
+            # Capture begins with empty_cache(); release the eager pass's cached temporaries
+            # first, or their release would cancel the pool's growth in the difference.
+            torch.cuda.empty_cache()
             before = torch.cuda.memory_reserved(self.device)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=self._pool, stream=stream), guard():
@@ -214,7 +217,8 @@ class DecodeGraphs:
         check_window_intact(plan, self.table)
         check_plan_addressing(plan)
         check_addresses_stable(self._baseline, self.addresses())
-        check_pool_budget(needed, self._budget_bytes())
+        # Recordings share one pool: what earlier ones reserved is there for this one too.
+        check_pool_budget(needed, self._budget_bytes() + self.backend.pool_bytes())
         started = time.perf_counter()
         output, handle = self.backend.record(self.step, (plan, cache), self.guard)
         seconds = time.perf_counter() - started
@@ -240,7 +244,8 @@ class DecodeGraphs:
         return self.backend.replay(recording.handle)
 
     def discard(self, shape: Shape) -> None:
-        """Forget shape's recording (a warm-up probe the time budget then trimmed away)."""
+        """Forget shape's recording (a warm-up probe the time budget then trimmed away). On
+        CUDA its memory stays in the shared pool, for the others, and in pool_bytes."""
         self.recordings.pop(shape, None)
 
     def destroy(self) -> None:

@@ -100,7 +100,11 @@ def sample(
 def _upload(values: list[list[float]], device: torch.device) -> torch.Tensor:
     """Host lists -> one [len(values), rows] float32 tensor on device, in one copy."""
     host = torch.tensor(values, dtype=torch.float32)
-    return host if device.type == "cpu" else host.to(device, non_blocking=True)
+    if device.type == "cpu":
+        return host
+    # Pinned, so the copy is truly asynchronous (from pageable memory CUDA waits for the
+    # stream first); the caching host allocator keeps it alive until the copy lands.
+    return host.pin_memory().to(device, non_blocking=True)
 
 
 def _apply_logit_bias(logits: torch.Tensor, params: Sequence[SamplingParams]) -> None:
@@ -118,7 +122,7 @@ def _apply_penalties(logits: torch.Tensor, rows: Sequence[SampleRow]) -> None:
     out_counts = torch.zeros((num_rows, vocab), device=device)
     seen = torch.zeros((num_rows, vocab), dtype=torch.bool, device=device)
     # Every row's generated ids and (where repetition applies) prompt ids, flattened with their
-    # row index: [4, n] ids in one copy (float32 holds ids below 2^24 exactly).
+    # row index: [2, n] in one copy each (float32 holds ids below 2^24 exactly).
     out_pairs = [(i, t) for i, r in enumerate(rows) for t in r.output_ids]
     prompt_pairs = [
         (i, t)
