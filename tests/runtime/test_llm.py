@@ -171,3 +171,15 @@ def test_llm_builds_its_own_engine(tiny_llama_dir: Path) -> None:
     assert len(result.outputs[0].token_ids) == 4
     engine.check_blocks()
     assert engine.blocks.num_in_use == 0
+
+
+def test_the_top_level_names_import_as_vllm_users_expect() -> None:
+    import nanoserve.runtime as runtime
+    from nanoserve.runtime import LLM, SamplingParams
+    from nanoserve.runtime.llm import LLM as DirectLLM
+    from nanoserve.runtime.sampling_params import SamplingParams as DirectParams
+
+    assert (LLM, SamplingParams) == (DirectLLM, DirectParams)
+    assert set(runtime.__all__) >= {"LLM", "SamplingParams", "Engine", "EngineConfig"}
+    with pytest.raises(AttributeError, match="no attribute 'Nope'"):
+        runtime.Nope  # noqa: B018

@@ -15,7 +15,6 @@ from nanoserve.runtime.errors import CheckpointError, EmbeddedModelMissing
 if TYPE_CHECKING:
     from nanoserve.api.settings import ServerSettings
 
-EXIT_USAGE = 2
 EXIT_FAILED = 1
 
 

@@ -44,7 +44,7 @@ from nanoserve.api.schemas import (
 from nanoserve.api.state import ServerState
 from nanoserve.api.translate import chat_prompt, check_model, completion_prompts, sampling_params
 from nanoserve.runtime.async_engine import RequestStream
-from nanoserve.runtime.engine import Engine
+from nanoserve.runtime.sampling_params import MAX_TOP_LOGPROBS
 
 DONE = "[DONE]"
 
@@ -76,8 +76,8 @@ class OpenAIController(Controller):
         async_engine = server.require_engine()
         engine = async_engine.engine
         check_model(data, engine)
-        if data.logprobs is not None and not 0 <= data.logprobs <= 20:
-            raise APIError(400, "logprobs must be in [0, 20]", param="logprobs")
+        if data.logprobs is not None and not 0 <= data.logprobs <= MAX_TOP_LOGPROBS:
+            raise APIError(400, f"logprobs must be in [0, {MAX_TOP_LOGPROBS}]", param="logprobs")
         params = sampling_params(
             data, max_tokens=data.max_tokens, logprobs=data.logprobs, default_max=16
         )
@@ -195,8 +195,10 @@ class OpenAIController(Controller):
         async_engine = server.require_engine()
         engine = async_engine.engine
         check_model(data, engine)
-        if data.top_logprobs is not None and not 0 <= data.top_logprobs <= 20:
-            raise APIError(400, "top_logprobs must be in [0, 20]", param="top_logprobs")
+        if data.top_logprobs is not None and not 0 <= data.top_logprobs <= MAX_TOP_LOGPROBS:
+            raise APIError(
+                400, f"top_logprobs must be in [0, {MAX_TOP_LOGPROBS}]", param="top_logprobs"
+            )
         if data.top_logprobs and not data.logprobs:
             raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
         logprobs = (data.top_logprobs or 0) if data.logprobs else None
@@ -310,4 +312,4 @@ class OpenAIController(Controller):
         )
 
 
-__all__ = ["Engine", "OpenAIController"]
+__all__ = ["OpenAIController"]

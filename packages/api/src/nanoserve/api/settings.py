@@ -10,7 +10,7 @@ import argparse
 import os
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from nanoserve.runtime.engine_config import EngineConfig, EngineConfigError
 
@@ -110,9 +110,6 @@ class ServerSettings:
                 except (ValueError, EngineConfigError) as error:
                     raise EngineConfigError(f"{option.env}: {error}") from None
         return cls.from_values(values)
-
-    def with_engine(self, **changes: object) -> ServerSettings:
-        return replace(self, engine=replace(self.engine, **changes))
 
 
 def add_options(parser: argparse.ArgumentParser, *, skip: tuple[str, ...] = ()) -> None:

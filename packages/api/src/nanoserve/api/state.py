@@ -63,10 +63,6 @@ class ServerState:
         self.phase = line
         self._print(line)
 
-    @property
-    def ready(self) -> bool:
-        return self.engine is not None
-
     def require_engine(self) -> AsyncEngine:
         if self.engine is None:
             if self.boot_error:

@@ -7,7 +7,7 @@ from typing import Any
 from nanoserve.api.errors import APIError
 from nanoserve.api.schemas import ChatRequest, CompletionRequest, _SamplingFields
 from nanoserve.runtime.engine import Engine
-from nanoserve.runtime.sampling_params import SamplingParams
+from nanoserve.runtime.sampling_params import SEED_END, SEED_MIN, SamplingParams
 
 
 def check_model(request: _SamplingFields, engine: Engine) -> None:
@@ -23,7 +23,7 @@ def check_model(request: _SamplingFields, engine: Engine) -> None:
 def sampling_params(
     request: _SamplingFields, *, max_tokens: int | None, logprobs: int | None, default_max: int
 ) -> SamplingParams:
-    if request.seed is not None and not -(2**63) <= request.seed < 2**63:
+    if request.seed is not None and not SEED_MIN <= request.seed < SEED_END:
         # OpenAI's seed is an int64; torch's generators refuse more than 64 bits (a 500, late).
         raise APIError(400, "seed must be a 64-bit signed integer", param="seed")
     stop = request.stop

@@ -1,1 +1,34 @@
-"""nanoserve.runtime."""
+"""nanoserve.runtime: the model, the K/V pool, capture and warm-up, the engine.
+
+`from nanoserve.runtime import LLM, SamplingParams`, as with vLLM. The names load lazily, so
+importing one submodule does not import the whole runtime.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from nanoserve.runtime.async_engine import AsyncEngine
+    from nanoserve.runtime.build import build_engine
+    from nanoserve.runtime.engine import Engine
+    from nanoserve.runtime.engine_config import EngineConfig
+    from nanoserve.runtime.llm import LLM
+    from nanoserve.runtime.sampling_params import SamplingParams
+
+_WHERE = {
+    "LLM": "llm",
+    "SamplingParams": "sampling_params",
+    "Engine": "engine",
+    "EngineConfig": "engine_config",
+    "AsyncEngine": "async_engine",
+    "build_engine": "build",
+}
+__all__ = ["LLM", "AsyncEngine", "Engine", "EngineConfig", "SamplingParams", "build_engine"]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _WHERE:
+        raise AttributeError(f"module 'nanoserve.runtime' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"nanoserve.runtime.{_WHERE[name]}"), name)

@@ -17,6 +17,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from nanoserve.core.errors import NanoserveError
 from nanoserve.runtime.engine import Engine, RequestError
 from nanoserve.runtime.sampling_params import SamplingParams
 from nanoserve.runtime.scheduler import QueueFullError
@@ -25,11 +26,11 @@ from nanoserve.runtime.sequence import Delta
 log = logging.getLogger("nanoserve.async_engine")
 
 
-class EngineDeadError(RuntimeError):
+class EngineDeadError(NanoserveError, RuntimeError):
     """The step loop failed; the message carries the cause."""
 
 
-class EngineClosedError(RuntimeError):
+class EngineClosedError(NanoserveError, RuntimeError):
     """The engine is shutting down and takes no new requests."""
 
 
@@ -186,8 +187,6 @@ class AsyncEngine:
         times = RequestTimes(arrival=time.monotonic(), prompt_tokens=len(prompt_ids))
         queue = self.add_request(request_id, prompt_ids, params)
         return RequestStream(self, request_id, queue, params.n, times)
-
-    generate = submit
 
     def _closed(self, stream: RequestStream) -> None:
         if stream.remaining:

@@ -36,7 +36,6 @@ class WarmPlan:
     budget_bytes: int
     width_ceiling: int
     num_shapes: int
-    num_skipped: int  # shapes of the rows-trimmed list the budget's ceiling removed
 
 
 def resolve_model_path(model: str | None) -> Path:
@@ -110,7 +109,7 @@ def plan_warm(engine: Engine) -> tuple[WarmPlan, tuple, tuple]:
         for s in by_rows
         if s not in set(shapes)
     )
-    plan = WarmPlan(max_rows, max_width, budget, ceiling, len(shapes), len(skipped))
+    plan = WarmPlan(max_rows, max_width, budget, ceiling, len(shapes))
     return plan, shapes, skipped
 
 

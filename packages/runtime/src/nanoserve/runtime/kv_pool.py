@@ -71,12 +71,6 @@ class KVPool:
         """Copies of pools(), for the warm-up's before/after comparison."""
         return [t.clone() for t in self.pools()]
 
-    def check_slots(self, slots: torch.Tensor) -> None:
-        if slots.numel() and (int(slots.min()) < 0 or int(slots.max()) > self.plan.sink_slot):
-            raise GeometryError(
-                f"slots {int(slots.min())}..{int(slots.max())} fall outside 0..{self.plan.sink_slot}"
-            )
-
     def view(self, rows: tuple[int, ...]) -> CacheRows:
         """The cache as a scheduled step sees it. A scheduled view over no rows is a forward
         with nothing in it, so it is refused; the warm-up says what it means with `warm()`."""

@@ -8,6 +8,9 @@ from dataclasses import dataclass, field
 from nanoserve.core.errors import NanoserveError
 
 MAX_TOP_LOGPROBS = 20
+# A request's n samples seed their generators with seed + index (index < 64), and torch's
+# generators take 64 bits: seeds in [SEED_MIN, SEED_END).
+SEED_MIN, SEED_END = -(2**63), 2**63 - 64
 
 
 class SamplingParamsError(NanoserveError, ValueError):
@@ -60,7 +63,7 @@ class SamplingParams:
         if not _in_range(self.min_p, 0.0, 1.0):
             raise bad("min_p", "must be in [0, 1]")
         if self.seed is not None and (
-            not _is_int(self.seed) or not -(2**63) <= self.seed < 2**63 - 64
+            not _is_int(self.seed) or not SEED_MIN <= self.seed < SEED_END
         ):
             raise bad("seed", "must be an integer that fits in 64 bits")
         if not _in_range(self.presence_penalty, -2.0, 2.0):

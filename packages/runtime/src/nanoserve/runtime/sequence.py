@@ -10,7 +10,7 @@ import torch
 
 from nanoserve.core import BlockTable
 from nanoserve.runtime.sampling_params import SamplingParams
-from nanoserve.runtime.tokenizer import IncrementalDetokenizer, Tokenizer
+from nanoserve.runtime.tokenizer import IncrementalDetokenizer
 
 
 class Status(enum.Enum):
@@ -155,7 +155,3 @@ def _held_back(text: str, stops: tuple[str, ...]) -> int:
                 best = size
                 break
     return best
-
-
-def new_detokenizer(tokenizer: Tokenizer) -> IncrementalDetokenizer:
-    return IncrementalDetokenizer(tokenizer)
