@@ -8,7 +8,6 @@ from litestar import Request, Response
 from litestar.exceptions import HTTPException, ValidationException
 
 from nanoserve.api.schemas import ErrorInfo, ErrorResponse
-from nanoserve.core.errors import GeometryError
 from nanoserve.runtime.async_engine import EngineClosedError, EngineDeadError
 from nanoserve.runtime.engine import RequestError
 from nanoserve.runtime.errors import ChatTemplateError
@@ -102,16 +101,26 @@ def handle_too_deep(_: Request, error: RecursionError) -> Response[ErrorResponse
     return error_response(400, "the request body is nested too deeply to decode")
 
 
-def handle_engine_error(_: Request, error: Exception) -> Response[ErrorResponse]:
-    """Named engine errors: which are the client's fault, which are load, which are ours."""
-    if isinstance(error, SamplingParamsError | RequestError):
-        return error_response(400, str(error), param=error.field)
-    if isinstance(error, GeometryError | ChatTemplateError):
-        return error_response(400, str(error))
-    if isinstance(error, QueueFullError):
-        return error_response(429, str(error), code="queue_full", retry_after=1)
-    if isinstance(error, EngineClosedError):
-        return error_response(503, str(error), retry_after=5)
+def handle_bad_parameter(_: Request, error: SamplingParamsError | RequestError) -> Response:
+    """A request the engine cannot serve as asked: 400, naming the field."""
+    return error_response(400, str(error), param=error.field)
+
+
+def handle_chat_template(_: Request, error: ChatTemplateError) -> Response[ErrorResponse]:
+    return error_response(400, str(error))
+
+
+def handle_queue_full(_: Request, error: QueueFullError) -> Response[ErrorResponse]:
+    return error_response(429, str(error), code="queue_full", retry_after=1)
+
+
+def handle_engine_closed(_: Request, error: EngineClosedError) -> Response[ErrorResponse]:
+    return error_response(503, str(error), retry_after=5)
+
+
+def handle_internal(_: Request, error: Exception) -> Response[ErrorResponse]:
+    """Ours, not the client's: a failed invariant (GeometryError, a gate), a dead engine,
+    anything unforeseen. Logged with its traceback; the body names only the type."""
     log.exception("internal error", exc_info=error)
     if isinstance(error, EngineDeadError):
         return error_response(500, str(error))
@@ -123,5 +132,11 @@ EXCEPTION_HANDLERS = {
     ValidationException: handle_validation,
     HTTPException: handle_http,
     RecursionError: handle_too_deep,
-    Exception: handle_engine_error,
+    # Keyed by type: Litestar picks the most specific class in the error's MRO.
+    SamplingParamsError: handle_bad_parameter,
+    RequestError: handle_bad_parameter,
+    ChatTemplateError: handle_chat_template,
+    QueueFullError: handle_queue_full,
+    EngineClosedError: handle_engine_closed,
+    Exception: handle_internal,
 }
