@@ -112,10 +112,7 @@ class Scheduler:
     def _preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)
         self.blocks.release(seq.block_table)
-        seq.num_computed = 0
-        seq.num_cached = 0
-        seq.block_hashes.clear()
-        seq.status = Status.WAITING
+        seq.reset_for_recompute()
         self.waiting.appendleft(seq)
 
     def _admit(self, budget: int, scheduled: list[ScheduledSeq]) -> None:

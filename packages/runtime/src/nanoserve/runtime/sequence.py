@@ -116,6 +116,14 @@ class Sequence:
         self.finish("stop")
         return True
 
+    def reset_for_recompute(self) -> None:
+        """Preempted: its blocks were freed, so everything computed is recomputed from the
+        start (prompt and output alike) once it is admitted again."""
+        self.num_computed = 0
+        self.num_cached = 0
+        self.block_hashes.clear()
+        self.status = Status.WAITING
+
     def finish(self, reason: str) -> None:
         self.status = Status.FINISHED
         self.finish_reason = reason
