@@ -21,6 +21,7 @@ serve: install
 lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy  # core and runtime; settings in pyproject.toml
 
 test: lint
 	$(PY) -m pytest

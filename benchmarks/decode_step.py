@@ -17,26 +17,24 @@ import argparse
 import statistics
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from functools import partial
 
 import torch
 
 from benchmarks.common import median_seconds, pin_threads, table, write_csv
 from nanoserve.core import Shape
-from nanoserve.runtime.checkpoint import load_checkpoint
-from nanoserve.runtime.embedded import embedded_model_path
-from nanoserve.runtime.engine import Engine
-from nanoserve.runtime.engine_config import EngineConfig
-from nanoserve.runtime.model import LlamaModel
-from nanoserve.runtime.sampling_params import SamplingParams
-from nanoserve.runtime.warmup import warmup_batch
+from nanoserve.runtime.decode.warmup import WarmupReport, warm_batch
+from nanoserve.runtime.engine.engine import Engine
+from nanoserve.runtime.engine.sampling_params import SamplingParams
+from nanoserve.runtime.engine_config import DecodeMode, EngineConfig
+from nanoserve.runtime.loading.checkpoint import load_checkpoint
+from nanoserve.runtime.loading.embedded import embedded_model_path
+from nanoserve.runtime.model.llama import LlamaModel
 
-MODES = {
-    "eager": {},
-    "bucketed": {"bucket_decode": True},
-    "persistent": {"bucket_decode": True, "persist_inputs": True},
-    "recorded": {"bucket_decode": True, "persist_inputs": True, "capture_decode": True},
-}
+MODES = tuple(mode.value for mode in DecodeMode)  # eager, bucketed, persistent, recorded
+# The time budget of an explicit warm list: ample, so that the list is recorded untrimmed.
+EXPLICIT_WARM_SECONDS = 3600.0
 FORWARD_ROWS = (1, 8, 32)
 FORWARD_WIDTH = 256  # a bucket width of the engines below (a multiple of width_multiple 64)
 
@@ -59,6 +57,17 @@ def timed_ms(fn: Callable[[], object], repeats: int, device: torch.device) -> fl
     return start.elapsed_time(end) / repeats
 
 
+def warm_exactly(engine: Engine, shapes: Sequence[Shape]) -> WarmupReport:
+    """Record exactly `shapes` (biggest first), untrimmed by the memory budget; the engine's
+    warm_seconds must cover them (EXPLICIT_WARM_SECONDS does), else this raises."""
+    plan = replace(engine.plan_warm(), shapes=tuple(shapes), skipped=())
+    report = engine.warm(plan)
+    if report.skipped:
+        trimmed = ", ".join(f"{s.rows}x{s.width}: {why}" for s, why in report.skipped)
+        raise RuntimeError(f"the warm-up trimmed an explicit warm list: {trimmed}")
+    return report
+
+
 def forward_ms(
     engine: Engine, rows: Sequence[int], width: int, repeats: int
 ) -> list[dict[str, object]]:
@@ -68,16 +77,16 @@ def forward_ms(
     not recorded are warmed first, biggest first, as the warm-up would."""
     graphs = engine.runner.graphs
     if graphs is None:
-        raise ValueError("forward_ms needs an engine with capture_decode=True")
+        raise ValueError("forward_ms needs an engine with decode_mode='recorded'")
     device = engine.model.device
     shapes = tuple(Shape(r, width) for r in sorted(set(rows), reverse=True))
     unrecorded = tuple(s for s in shapes if s not in graphs.recordings)
     if unrecorded:
-        engine.warm_decode(unrecorded)
+        warm_exactly(engine, unrecorded)
     out: list[dict[str, object]] = []
     with torch.inference_mode():
         for num_rows in rows:
-            batch = warmup_batch(engine.runner, Shape(num_rows, width))
+            batch = warm_batch(graphs, engine.pool, Shape(num_rows, width))
             eager = timed_ms(
                 partial(engine.model.forward, batch.plan, batch.cache), repeats, device
             )
@@ -94,8 +103,10 @@ def forward_ms(
     return out
 
 
-def step_ms(model: LlamaModel, tokenizer, mode: dict, rows: int, context: int, steps: int) -> float:
-    engine = Engine(model, tokenizer, engine_config(**mode))
+def step_ms(
+    model: LlamaModel, tokenizer, mode: str, device: str, rows: int, context: int, steps: int
+) -> float:
+    engine = Engine(model, tokenizer, engine_config(decode_mode=mode, device=device))
     for i in range(rows):
         prompt = [(i * 131 + j * 7) % 40000 + 17 for j in range(context - 3 * (i % 3))]
         engine.add_request(
@@ -118,6 +129,7 @@ def engine_config(**mode: object) -> EngineConfig:
         max_num_batched_tokens=8192,
         kv_budget_bytes=1 << 29,
         width_multiple=64,
+        warm_seconds=EXPLICIT_WARM_SECONDS,  # forward_ms warms an explicit list
         **mode,  # type: ignore[arg-type]
     )
 
@@ -147,11 +159,12 @@ def main() -> None:
         for batch in (1, 3, 8, 24):
             for context in (60, 250):
                 eager = None
-                for name, mode in MODES.items():
+                for name in MODES:
                     ms = step_ms(
                         model,
                         checkpoint.tokenizer,
-                        {**mode, "device": args.device},
+                        name,
+                        args.device,
                         batch,
                         context,
                         args.steps,
@@ -170,7 +183,7 @@ def main() -> None:
         print("wrote", write_csv(f"decode_step_{args.device}.csv", rows))
 
     engine = Engine(
-        model, checkpoint.tokenizer, engine_config(**MODES["recorded"], device=args.device)
+        model, checkpoint.tokenizer, engine_config(decode_mode="recorded", device=args.device)
     )
     forward = forward_ms(engine, FORWARD_ROWS, FORWARD_WIDTH, args.repeats)
     timer = "CUDA events" if args.device.startswith("cuda") else f"median of {args.repeats}"

@@ -16,12 +16,12 @@ import time
 import torch
 
 from benchmarks.common import median_seconds, pin_threads, table, write_csv
-from nanoserve.runtime.checkpoint import load_checkpoint
-from nanoserve.runtime.embedded import embedded_model_path
-from nanoserve.runtime.engine import Engine
+from nanoserve.runtime.engine.engine import Engine
+from nanoserve.runtime.engine.sampling_params import SamplingParams
 from nanoserve.runtime.engine_config import EngineConfig
-from nanoserve.runtime.model import LlamaModel
-from nanoserve.runtime.sampling_params import SamplingParams
+from nanoserve.runtime.loading.checkpoint import load_checkpoint
+from nanoserve.runtime.loading.embedded import embedded_model_path
+from nanoserve.runtime.model.llama import LlamaModel
 
 
 def prompt_ids(length: int) -> list[int]:

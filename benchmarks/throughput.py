@@ -18,11 +18,11 @@ import time
 import torch
 
 from benchmarks.common import pin_threads, table, write_csv
-from nanoserve.runtime.build import build_engine
-from nanoserve.runtime.embedded import embedded_model_path
+from nanoserve.runtime.engine.build import build_engine
+from nanoserve.runtime.engine.llm import LLM
+from nanoserve.runtime.engine.sampling_params import SamplingParams
 from nanoserve.runtime.engine_config import EngineConfig
-from nanoserve.runtime.llm import LLM
-from nanoserve.runtime.sampling_params import SamplingParams
+from nanoserve.runtime.loading.embedded import embedded_model_path
 
 
 def workload(requests: int, seed: int = 0) -> list[tuple[list[int], int]]:

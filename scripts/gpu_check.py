@@ -58,22 +58,21 @@ import torch  # noqa: E402 - after the path set-up, like everything below
 from tokenizers import Tokenizer as HfTokenizer  # noqa: E402
 from tokenizers import models, pre_tokenizers  # noqa: E402
 
-from benchmarks.decode_step import forward_ms  # noqa: E402
+from benchmarks.decode_step import (  # noqa: E402
+    EXPLICIT_WARM_SECONDS,
+    forward_ms,
+    warm_exactly,
+)
 from nanoserve.core import Shape, warm_shapes  # noqa: E402
-from nanoserve.runtime.build import warm  # noqa: E402
-from nanoserve.runtime.engine import Engine  # noqa: E402
+from nanoserve.runtime.decode.warmup import warm_batch  # noqa: E402
+from nanoserve.runtime.engine.build import warm  # noqa: E402
+from nanoserve.runtime.engine.engine import Engine  # noqa: E402
+from nanoserve.runtime.engine.sampling_params import SamplingParams  # noqa: E402
 from nanoserve.runtime.engine_config import EngineConfig  # noqa: E402
-from nanoserve.runtime.model import LlamaModel, weight_shapes  # noqa: E402
-from nanoserve.runtime.model_config import ModelConfig  # noqa: E402
-from nanoserve.runtime.sampling_params import SamplingParams  # noqa: E402
-from nanoserve.runtime.tokenizer import Tokenizer  # noqa: E402
-from nanoserve.runtime.warmup import warmup_batch  # noqa: E402
+from nanoserve.runtime.loading.model_config import ModelConfig  # noqa: E402
+from nanoserve.runtime.model.llama import LlamaModel, weight_shapes  # noqa: E402
+from nanoserve.runtime.text.tokenizer import Tokenizer  # noqa: E402
 
-MODES: dict[str, dict[str, bool]] = {
-    "eager": {},
-    "persistent": {"bucket_decode": True, "persist_inputs": True},  # recorded shapes, eagerly
-    "recorded": {"bucket_decode": True, "persist_inputs": True, "capture_decode": True},
-}
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")  # ids 0-2, as SmolLM2's
 WEIGHT_STD = 0.02  # small enough that logits are spread, not saturated to one token
 SYNC_WARNING = "synchronizing CUDA operation"
@@ -347,9 +346,9 @@ def _short(filename: str) -> str:
 
 def replay_is_sync_free(engine: Engine, shape: Shape) -> bool:
     """Replay one recording with sync debug mode at "error": any sync inside raises."""
-    batch = warmup_batch(engine.runner, shape)
     graphs = engine.runner.graphs
     assert graphs is not None
+    batch = warm_batch(graphs, engine.pool, shape)
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
@@ -421,19 +420,23 @@ def check_tokens(report: Report, model: LlamaModel, tokenizer: Tokenizer, sizes:
         "block_size": 16,
         "kv_budget_bytes": kv_budget(model, slots, 16),
     }
+    # "persistent": the recorded mode's bucket shapes and input storage, run eagerly.
     tokens = {
-        name: run_workload(Engine(model, tokenizer, EngineConfig(**base, **MODES[name])), arrivals)
+        name: run_workload(
+            Engine(model, tokenizer, EngineConfig(**base, decode_mode=name)), arrivals
+        )
         for name in ("eager", "persistent")
     }
-    engine = Engine(model, tokenizer, EngineConfig(**base, **MODES["recorded"]))
+    config = EngineConfig(**base, decode_mode="recorded", warm_seconds=EXPLICIT_WARM_SECONDS)
+    engine = Engine(model, tokenizer, config)
     graphs, buckets = engine.runner.graphs, engine.runner.buckets
     assert graphs is not None and buckets is not None
-    warm_report = engine.warm_decode(warm_shapes(buckets))
+    warm_report = warm_exactly(engine, warm_shapes(buckets))
     before = graphs.stats()
     tokens["recorded"] = run_workload(engine, arrivals)
     after = graphs.stats()
-    new_recordings = int(after["recordings"]) - int(before["recordings"])
-    cold = int(after.get("cold_recordings", 0))
+    new_recordings = after.recordings - before.recordings
+    cold = after.cold_recordings
     num_tokens = sum(map(len, tokens["eager"].values()))
     result = {
         "requests": len(arrivals),
@@ -443,8 +446,8 @@ def check_tokens(report: Report, model: LlamaModel, tokenizer: Tokenizer, sizes:
         "persistent_equals_recorded": tokens["persistent"] == tokens["recorded"],
         "recordings_after_warmup": new_recordings,
         "cold_recordings": cold,
-        "replays": after.get("replays"),
-        "eager_fallback_steps": after.get("eager_fallback_steps"),
+        "replays": after.replays,
+        "eager_fallback_steps": after.eager_fallback_steps,
     }
     report.data["correctness"] = result
     report.say(
@@ -468,8 +471,8 @@ def check_tokens(report: Report, model: LlamaModel, tokenizer: Tokenizer, sizes:
     ok = new_recordings == 0 and cold == 0
     report.say(
         f"  recordings after the warm-up: {new_recordings} (cold {cold}):"
-        f" {'PASS' if ok else 'FAIL'}; replays {after.get('replays')},"
-        f" eager fallback steps {after.get('eager_fallback_steps', 'n/a')}"
+        f" {'PASS' if ok else 'FAIL'}; replays {after.replays},"
+        f" eager fallback steps {after.eager_fallback_steps}"
     )
     if not ok:
         report.failures.append(f"{new_recordings} recordings ({cold} cold) after the warm-up")
@@ -492,9 +495,10 @@ def time_dtype(
         "max_num_batched_tokens": max(512, max_rows * (prompt_len + 1)),
         "kv_budget_bytes": kv_budget(model, max_rows * sizes.width, 16),
     }
-    recorded = Engine(model, tokenizer, EngineConfig(**base, **MODES["recorded"]))
+    config = EngineConfig(**base, decode_mode="recorded", warm_seconds=EXPLICIT_WARM_SECONDS)
+    recorded = Engine(model, tokenizer, config)
     eager = Engine(model, tokenizer, EngineConfig(**base))
-    warm_report = recorded.warm_decode(warm_shapes(recorded.runner.buckets))  # type: ignore[arg-type]
+    warm_report = warm_exactly(recorded, warm_shapes(recorded.runner.buckets))  # type: ignore[arg-type]
     graphs = recorded.runner.graphs
     assert graphs is not None
 
@@ -536,8 +540,8 @@ def time_dtype(
         steps.append(row)
     report.data.setdefault("step", []).extend(steps)
     stats = graphs.stats()
-    if int(stats["recordings"]) != warm_report.num_recorded:
-        report.fail(f"{dtype}: the timing engine recorded after its warm-up: {stats}")
+    if stats.recordings != warm_report.num_recorded:
+        report.fail(f"{dtype}: the timing engine recorded after its warm-up: {stats.as_dict()}")
     report.say(
         f"{dtype}: timing engines warmed {warm_report.num_recorded} shapes in"
         f" {warm_report.total_seconds:.2f} s; timed rows {', '.join(map(str, sizes.rows))}"
@@ -545,8 +549,8 @@ def time_dtype(
     report.data.setdefault("timing_engines", {})[dtype] = {
         "warm_shapes": warm_report.num_recorded,
         "warm_seconds": round(warm_report.total_seconds, 3),
-        "recordings_after_warmup": int(stats["recordings"]) - warm_report.num_recorded,
-        "pool_bytes": stats.get("pool_bytes"),
+        "recordings_after_warmup": stats.recordings - warm_report.num_recorded,
+        "pool_bytes": stats.pool_bytes,
     }
 
 
@@ -562,18 +566,17 @@ def check_default_warm(
     """A warm list warmed as build_engine warms it (memory and time budgets): `overrides` on
     EngineConfig's defaults (none: the default warm list)."""
     config = EngineConfig(
-        **MODES["recorded"],
+        decode_mode="recorded",
         device=str(model.device),
         dtype=str(model.dtype).removeprefix("torch."),
         **overrides,
     )
     engine = Engine(model, tokenizer, config)
     said: list[str] = []
-    warm(engine, say=said.append)
+    warm_report = warm(engine, say=said.append)
     for line in said:
         report.say(f"  {line}")
-    warm_report = engine.warm_report
-    assert warm_report is not None and engine.runner.graphs is not None
+    assert engine.runner.graphs is not None
     stats = engine.runner.graphs.stats()
     buckets = engine.runner.buckets
     assert buckets is not None
@@ -582,23 +585,23 @@ def check_default_warm(
         "full_list": len(warm_shapes(buckets)),
         "recorded": warm_report.num_recorded,
         "skipped": len(warm_report.skipped),
-        "estimated_seconds": warm_report.estimated_seconds,
+        "estimated_seconds": warm_report.estimate.seconds,
         "seconds": warm_report.total_seconds,
-        "pool_bytes": stats.get("pool_bytes"),
-        "pool_sharing_ratio": stats.get("pool_sharing_ratio"),
+        "pool_bytes": stats.pool_bytes,
+        "pool_sharing_ratio": stats.pool_sharing_ratio,
         "kv_pool_bytes": engine.pool_plan.total_bytes,
     }
     report.data[label] = result
     report.say(
         f"{label.replace('_', ' ')} list: {warm_report.num_recorded} of {result['full_list']} shapes"
         f" ({len(warm_report.skipped)} skipped), estimated"
-        f" {warm_report.estimated_seconds or 0:.2f} s, took {warm_report.total_seconds:.2f} s"
+        f" {warm_report.estimate.seconds:.2f} s, took {warm_report.total_seconds:.2f} s"
     )
     if cuda:
         report.say(
-            f"  graph pool: {_mib(stats.get('pool_bytes'))} (K/V pool"
+            f"  graph pool: {_mib(stats.pool_bytes)} (K/V pool"
             f" {_mib(engine.pool_plan.total_bytes)}, sharing ratio"
-            f" {stats.get('pool_sharing_ratio', 0):.2f})"
+            f" {stats.pool_sharing_ratio:.2f})"
         )
     elif label == "default_warm":
         report.skip("graph pool bytes (frozen-call recordings hold no pool)")

@@ -34,6 +34,14 @@ CORE = Rule(
 RUNTIME = Rule(banned=("nanoserve.api",))
 CORE_TESTS = Rule(banned=(), allowed=("torch", "pytest", "hypothesis", "nanoserve.core"))
 
+# Inside runtime the folders are layers too: each may import only the folders below it.
+RUNTIME_FOLDERS = ("text", "loading", "model", "decode", "engine")  # bottom to top
+
+
+def runtime_folder_rule(folder: str) -> Rule:
+    above = RUNTIME_FOLDERS[RUNTIME_FOLDERS.index(folder) + 1 :]
+    return Rule(banned=("nanoserve.api", *(f"nanoserve.runtime.{f}" for f in above)))
+
 
 def _under(name: str, modules: Iterable[str]) -> str | None:
     """The first of modules that name is, or is inside (component-wise: torch.cudart is not
@@ -153,6 +161,21 @@ def test_runtime_never_imports_api() -> None:
     assert check_files(package_files("runtime"), RUNTIME) == []
 
 
+@pytest.mark.parametrize("folder", RUNTIME_FOLDERS)
+def test_runtime_folders_import_only_folders_below(folder: str) -> None:
+    files = [
+        (f, pkg) for f, pkg in package_files("runtime") if pkg == f"nanoserve.runtime.{folder}"
+    ]
+    assert check_files(files, runtime_folder_rule(folder)) == []
+
+
+def test_runtime_top_level_holds_only_errors_and_config() -> None:
+    top = {f.name for f, pkg in package_files("runtime") if pkg == "nanoserve.runtime"}
+    assert top == {"__init__.py", "errors.py", "engine_config.py"}
+    folders = {pkg.split(".")[2] for _, pkg in package_files("runtime") if pkg.count(".") == 2}
+    assert folders == set(RUNTIME_FOLDERS)
+
+
 def test_core_tests_import_only_core_torch_and_test_tools() -> None:
     files = [(path, "tests.core") for path in sorted((ROOT / "tests" / "core").rglob("*.py"))]
     assert check_files(files, CORE_TESTS) == []
@@ -241,8 +264,8 @@ def test_nanoserve_imports_as_a_namespace() -> None:
             "line 1: imports nanoserve.runtime (reaches nanoserve.runtime)",
         ),
         (
-            "from nanoserve.runtime.engine import Engine\n",
-            "line 1: imports nanoserve.runtime.engine (reaches nanoserve.runtime)",
+            "from nanoserve.runtime.engine.engine import Engine\n",
+            "line 1: imports nanoserve.runtime.engine.engine (reaches nanoserve.runtime)",
         ),
         ("from nanoserve import api\n", "line 1: imports nanoserve.api (reaches nanoserve.api)"),
         (
@@ -294,6 +317,20 @@ def test_checker_passes_clean_core_sources(source: str) -> None:
 )
 def test_checker_flags_a_planted_runtime_violation(source: str, expected: str) -> None:
     assert expected in layering_violations(source, "nanoserve.runtime", RUNTIME)
+
+
+def test_checker_flags_a_runtime_folder_reaching_up() -> None:
+    source = "from nanoserve.runtime.engine.runner import ModelRunner\n"
+    assert layering_violations(
+        source, "nanoserve.runtime.decode", runtime_folder_rule("decode")
+    ) == [
+        "line 1: imports nanoserve.runtime.engine.runner (reaches nanoserve.runtime.engine)",
+        "line 1: imports nanoserve.runtime.engine.runner.ModelRunner"
+        " (reaches nanoserve.runtime.engine)",
+    ]
+    assert (
+        layering_violations(source, "nanoserve.runtime.engine", runtime_folder_rule("engine")) == []
+    )
 
 
 def test_runtime_may_use_core_and_cuda() -> None:

@@ -7,6 +7,11 @@ checkpoint (transformers' own `save_pretrained`) for servers whose answers do no
 
 pytest runs with `--import-mode=importlib`: test modules cannot import from here, so the helpers
 are handed out as fixtures (`start_server`, `run_cli`, `LiveServer` objects).
+
+These are for what only a real engine or a real process shows (real tokens, the warm-up, the
+shutdown, the OpenAI client over a socket). Error shapes, auth, SSE framing and field validation
+are tested in-process over a FakeEngine (`tests/api/fake_engine.py`, `fake_server.py`), in
+milliseconds.
 """
 
 from __future__ import annotations
@@ -186,23 +191,9 @@ def client(server: LiveServer) -> Iterator[Any]:
 @pytest.fixture(scope="session")
 def assert_openai_error() -> Callable[..., dict[str, Any]]:
     """`assert_openai_error(response, status, param=...) -> error`: status and body shape."""
+    from tests.api.fake_server import openai_error  # imports litestar: only where tests run
 
-    def check(response: httpx.Response, status: int, **expected: object) -> dict[str, Any]:
-        assert response.status_code == status, response.text
-        assert response.headers["content-type"].startswith("application/json"), response.headers
-        body = response.json()
-        assert set(body) == {"error"}, body
-        error = body["error"]
-        assert set(error) == {"message", "type", "param", "code"}, error
-        assert isinstance(error["message"], str) and error["message"], error
-        assert isinstance(error["type"], str) and error["type"], error
-        assert error["param"] is None or isinstance(error["param"], str), error
-        assert error["code"] is None or isinstance(error["code"], str | int), error
-        for key, value in expected.items():
-            assert error[key] == value, (key, error)
-        return error
-
-    return check
+    return openai_error
 
 
 @pytest.fixture(scope="session")

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from pathlib import Path
+import time
 from typing import Any
 
-import httpx
 import pytest
+from litestar.testing import TestClient
 
-pytestmark = pytest.mark.slow
+from nanoserve.api.app import create_app
+from nanoserve.api.settings import ServerSettings
+from nanoserve.api.state import ServerState
+from tests.api.fake_engine import FakeEngine
+from tests.api.fake_server import fake_server, openai_error
 
 KEY = "sk-test-0123456789"
 ROUTES = [
@@ -31,65 +34,83 @@ WRONG = [
 ]
 
 
-@pytest.fixture(scope="module")
-def keyed(start_server: Callable[..., Any], tiny_model_dir: Path) -> Iterator[Any]:
-    live = start_server(
-        str(tiny_model_dir), "--api-key", KEY, "--max-batch", "4", "--kv-budget", "16MiB"
-    )
-    yield live
-    code = live.stop()
-    assert code == 0, f"exit {code} on SIGTERM:\n{live.log()}"
-
-
+@pytest.mark.anyio
 @pytest.mark.parametrize("authorization", WRONG, ids=[f"wrong{i}" for i in range(len(WRONG))])
 @pytest.mark.parametrize(("method", "path", "body"), ROUTES, ids=[r[1] for r in ROUTES])
-def test_missing_or_wrong_key_is_401(
-    keyed: Any,
-    assert_openai_error: Callable[..., dict[str, Any]],
-    method: str,
-    path: str,
-    body: dict[str, Any] | None,
-    authorization: str | None,
+async def test_missing_or_wrong_key_is_401(
+    method: str, path: str, body: dict[str, Any] | None, authorization: str | None
 ) -> None:
+    fake = FakeEngine()
     headers = {"authorization": authorization} if authorization is not None else {}
-    response = httpx.request(method, keyed.url + path, json=body, headers=headers, timeout=30)
-    error = assert_openai_error(response, 401)
-    assert error["type"] == "authentication_error"
-    assert KEY not in response.text
-
-
-@pytest.mark.parametrize(("method", "path", "body"), ROUTES, ids=[r[1] for r in ROUTES])
-def test_right_key_is_accepted(
-    keyed: Any, method: str, path: str, body: dict[str, Any] | None
-) -> None:
-    response = httpx.request(
-        method, keyed.url + path, json=body, headers={"authorization": f"Bearer {KEY}"}, timeout=60
+    async with fake_server(fake, api_key=KEY) as (client, _):
+        response = await client.request(method, path, json=body, headers=headers)
+    openai_error(
+        response,
+        401,
+        type="authentication_error",
+        message="a valid API key is required: Authorization: Bearer <key>",
     )
+    assert response.headers["www-authenticate"] == "Bearer"
+    assert KEY not in response.text
+    assert fake.submitted == []
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(("method", "path", "body"), ROUTES, ids=[r[1] for r in ROUTES])
+async def test_right_key_is_accepted(method: str, path: str, body: dict[str, Any] | None) -> None:
+    async with fake_server(api_key=KEY) as (client, _):
+        headers = {"authorization": f"Bearer {KEY}"}
+        response = await client.request(method, path, json=body, headers=headers)
     assert response.status_code == 200, response.text
 
 
-def test_health_is_public(keyed: Any) -> None:
-    assert httpx.get(f"{keyed.url}/health", timeout=10).status_code == 200
-    bad = httpx.get(f"{keyed.url}/health", headers={"authorization": "Bearer nope"}, timeout=10)
-    assert bad.status_code == 200
+@pytest.mark.anyio
+async def test_no_key_configured_means_open() -> None:
+    async with fake_server() as (client, _):
+        for method, path, body in ROUTES:
+            response = await client.request(method, path, json=body)
+            assert response.status_code == 200, (path, response.text)
 
 
-def test_unknown_route_without_key(
-    keyed: Any, assert_openai_error: Callable[..., dict[str, Any]]
-) -> None:
+@pytest.mark.anyio
+async def test_health_is_public() -> None:
+    async with fake_server(api_key=KEY) as (client, _):
+        assert (await client.get("/health")).status_code == 200
+        bad = await client.get("/health", headers={"authorization": "Bearer nope"})
+        assert bad.status_code == 200
+
+
+@pytest.mark.anyio
+async def test_unknown_route_without_key_is_404() -> None:
     # Routing comes first: an unknown path is 404 whether or not a key is sent.
-    assert_openai_error(httpx.get(f"{keyed.url}/v1/nothing", timeout=10), 404)
+    async with fake_server(api_key=KEY) as (client, _):
+        openai_error(await client.get("/v1/nothing"), 404)
 
 
-def test_openai_client_with_key(keyed: Any) -> None:
+def test_openai_client_with_key() -> None:
+    """The official client, in-process: its key is sent as the server wants it, and a wrong one
+    is its AuthenticationError."""
     import openai
 
-    with openai.OpenAI(base_url=f"{keyed.url}/v1", api_key=KEY, max_retries=0) as good:
-        name = good.models.list().data[0].id
-        out = good.completions.create(model=name, prompt="hi", max_tokens=3, temperature=0)
-        assert out.usage.completion_tokens >= 1
-    with (
-        openai.OpenAI(base_url=f"{keyed.url}/v1", api_key="wrong", max_retries=0) as bad,
-        pytest.raises(openai.AuthenticationError),
-    ):
-        bad.models.list()
+    settings = ServerSettings(api_key=KEY)
+    server = ServerState(settings, say=lambda _: None, engine_factory=FakeEngine().factory)
+    with TestClient(create_app(settings, server=server)) as http:
+        deadline = time.monotonic() + 5
+        while server.engine is None:
+            assert time.monotonic() < deadline, server.phase
+            time.sleep(0.001)
+        # Not closed by a `with`: the client would close the test client's transport.
+        good = openai.OpenAI(
+            base_url=str(http.base_url.join("/v1")), api_key=KEY, http_client=http, max_retries=0
+        )
+        assert [m.id for m in good.models.list().data] == ["fake-model"]
+        out = good.completions.create(model="fake-model", prompt="hi", max_tokens=3)
+        assert out.choices[0].text == "Hel" and out.usage.completion_tokens == 3
+        bad = openai.OpenAI(
+            base_url=str(http.base_url.join("/v1")),
+            api_key="wrong",
+            http_client=http,
+            max_retries=0,
+        )
+        with pytest.raises(openai.AuthenticationError):
+            bad.models.list()

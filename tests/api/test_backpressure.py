@@ -2,6 +2,8 @@
 
 The server here holds one row (--max-batch 1) and one waiting request (--max-waiting 1). A long
 greedy stream occupies the row; the next request waits; every request after that is refused.
+The error's shape, for every route, streamed or not, is test_openai_routes.py's (a FakeEngine
+that refuses); the 503 while the model loads is test_app.py's.
 """
 
 from __future__ import annotations
@@ -38,41 +40,10 @@ def bounded(start_server: Callable[..., Any]) -> Iterator[Any]:
         "--max-model-len", "1024",
         "--kv-budget", "128MiB",
         "--grace-seconds", "2",
-        wait=False,
     )  # fmt: skip
-    live.early = first_answers(live)  # what clients get while the model loads
-    live.wait_ready()
     yield live
     code = live.stop()
     assert code == 0, f"exit {code} on SIGTERM:\n{live.log()}"
-
-
-def first_answers(live: Any, timeout_s: float = 60.0) -> dict[str, httpx.Response]:
-    """The first answers of /health and a completion, as soon as the port takes connections."""
-    deadline = time.monotonic() + timeout_s
-    with httpx.Client(base_url=live.url, timeout=10) as client:
-        while time.monotonic() < deadline:
-            try:
-                return {
-                    "health": client.get("/health"),
-                    "completion": client.post("/v1/completions", json=SHORT),
-                }
-            except httpx.TransportError:  # not bound yet
-                time.sleep(0.05)
-    pytest.fail(f"the port never opened:\n{live.log()}")
-
-
-def test_503_while_loading(bounded: Any, assert_openai_error: Callable[..., Any]) -> None:
-    """The port opens before the model is loaded: 503 with Retry-After until it is ready."""
-    health, completion = bounded.early["health"], bounded.early["completion"]
-    if health.status_code == 200:
-        pytest.skip("the model loaded before the first request got in")
-    assert health.status_code == 503
-    assert health.json()["status"] == "starting"
-    assert int(health.headers["retry-after"]) >= 1
-    error = assert_openai_error(completion, 503)
-    assert error["type"] == "service_unavailable"
-    assert int(completion.headers["retry-after"]) >= 1
 
 
 @pytest.mark.parametrize("stream", [False, True])

@@ -10,11 +10,11 @@ from litestar.testing import TestClient
 
 from nanoserve.api.errors import EXCEPTION_HANDLERS
 from nanoserve.core.errors import GeometryError
-from nanoserve.runtime.async_engine import EngineClosedError, EngineDeadError
-from nanoserve.runtime.engine import RequestError
+from nanoserve.runtime.engine.async_engine import EngineClosedError, EngineDeadError
+from nanoserve.runtime.engine.engine import RequestError
+from nanoserve.runtime.engine.sampling_params import SamplingParamsError
+from nanoserve.runtime.engine.scheduler import QueueFullError
 from nanoserve.runtime.errors import ChatTemplateError
-from nanoserve.runtime.sampling_params import SamplingParamsError
-from nanoserve.runtime.scheduler import QueueFullError
 
 CASES = {
     "params": (SamplingParamsError("top_p", "must be in (0, 1]"), 400, "top_p"),

@@ -41,17 +41,6 @@ def test_completion_non_stream(client: Any, model_name: str) -> None:
     assert out.usage.total_tokens == out.usage.prompt_tokens + out.usage.completion_tokens
 
 
-def test_model_field_is_optional(server: Any) -> None:
-    import httpx
-
-    for route, body in (
-        ("/v1/completions", {"prompt": PROMPT, "max_tokens": 2}),
-        ("/v1/chat/completions", {"messages": MESSAGES, "max_tokens": 2}),
-    ):
-        response = httpx.post(f"{server.url}{route}", json=body, timeout=60)
-        assert response.status_code == 200, response.text
-
-
 def test_completion_greedy_stream_equals_non_stream(client: Any, model_name: str) -> None:
     request = {"model": model_name, "prompt": PROMPT, "max_tokens": 24, "temperature": 0}
     whole = client.completions.create(**request)

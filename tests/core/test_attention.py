@@ -21,11 +21,11 @@ from nanoserve.core import (
     PrefillChunk,
     SlotTable,
     pad_decode,
+    padding_plan,
     paged_decode_attention,
     paged_prefill_attention,
     plan_decode,
     plan_prefill,
-    warmup_plan,
 )
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCK = 4, 2, 4, 4
@@ -134,7 +134,7 @@ def test_warm_plan_gives_zeros_over_a_real_table_and_a_nan_sink() -> None:
     k_pool, v_pool = pool(garbage=float("nan"))
     table = SlotTable(4, 16, SINK)
     plan_decode(decode_seqs(POSITIONS), sink_slot=SINK, table=table)  # real rows in the table
-    warm = warmup_plan(4, 16, table=table)
+    warm = padding_plan(4, 16, table=table)
     out = paged_decode_attention(
         randn(4, HEADS, HEAD_DIM, seed=3), k_pool, v_pool, warm.slot_rect, warm.context_lens, SCALE
     )

@@ -120,7 +120,7 @@ def test_bucket_decode_pads_to_the_smallest_bucket() -> None:
     S = SINK
     plan = plan_decode(three_seqs(), sink_slot=SINK)
     bucketed = bucket_decode(plan, BucketSet(6, 16, 4))
-    assert bucketed.rows == (10, 11, 12)
+    assert bucketed.seq_ids == (10, 11, 12)
     assert (bucketed.pad_rows, bucketed.shape) == (1, (4, 8))
     assert bucketed.input_ids.tolist() == [100, 101, 102, 0]
     assert bucketed.positions.tolist() == [5, 2, 0, 0]
@@ -207,7 +207,7 @@ def test_every_plan_fits_its_bucket(positions: list[int], max_batch: int, multip
     assert not [r for r in buckets.row_buckets if len(seqs) <= r < shape.rows]
     assert not [w for w in buckets.width_buckets if plan.width <= w < shape.width]
     real = len(seqs)
-    assert bucketed.rows == plan.rows and bucketed.pad_rows == shape.rows - real
+    assert bucketed.seq_ids == plan.seq_ids and bucketed.pad_rows == shape.rows - real
     for name in ("input_ids", "positions", "write_slots", "context_lens"):
         assert torch.equal(getattr(bucketed, name)[:real], getattr(plan, name))
     assert torch.equal(bucketed.slot_rect[:real, : plan.width], plan.slot_rect)

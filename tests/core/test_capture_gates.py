@@ -18,8 +18,8 @@ from nanoserve.core import (
     SlotTable,
     bucket_decode,
     pad_decode,
+    padding_plan,
     plan_decode,
-    warmup_plan,
 )
 from nanoserve.core.capture_gates import (
     AddressesMovedError,
@@ -60,7 +60,7 @@ def plan(table: SlotTable) -> DecodePlan:
         DecodeSeq(12, 102, 0, BlockTable(4, [2])),  # writes slot 8
     ]
     bucketed = bucket_decode(plan_decode(seqs, sink_slot=SINK, table=table), BUCKETS, table)
-    assert (bucketed.rows, bucketed.pad_rows, bucketed.shape) == ((10, 11, 12), 1, (4, 8))
+    assert (bucketed.seq_ids, bucketed.pad_rows, bucketed.shape) == ((10, 11, 12), 1, (4, 8))
     assert bucketed.write_slots.tolist() == [1, 6, 8, SINK]
     assert bucketed.context_lens.tolist() == [6, 3, 1, 0]
     return bucketed
@@ -69,7 +69,7 @@ def plan(table: SlotTable) -> DecodePlan:
 @pytest.fixture
 def warm(table: SlotTable, plan: DecodePlan) -> DecodePlan:
     """A warm plan over the same table, which holds the real rows above."""
-    return warmup_plan(4, 8, table=table)
+    return padding_plan(4, 8, table=table)
 
 
 def test_every_gate_error_is_a_gate_error() -> None:
@@ -95,13 +95,13 @@ def test_all_preconditions_pass_on_a_bucketed_window_plan(
     check_mapping_is_window(plan, table)
     check_window_intact(plan, table)
     check_plan_addressing(plan)
-    check_replay_rows(plan.rows, plan)
+    check_replay_rows(plan.seq_ids, plan)
 
 
 def test_all_preconditions_pass_vacuously_on_a_warm_plan(
     warm: DecodePlan, table: SlotTable
 ) -> None:
-    assert warm.rows == ()
+    assert warm.seq_ids == ()
     check_pad_inert(warm)
     check_mapping_is_window(warm, table)
     check_window_intact(warm, table)
@@ -142,7 +142,7 @@ def test_pad_inert_fails_on_a_warm_plan_whose_rows_are_not_empty(
     wrong = replace(
         pad_decode(plan, 4, 8, table), write_slots=vec(*[SINK] * 4), context_lens=vec(0, 0, 0, 0)
     )
-    assert wrong.rows == (10, 11, 12)
+    assert wrong.seq_ids == (10, 11, 12)
     with pytest.raises(PadNotInertError, match=r"^real row 0 \(sequence 10\) writes to the sink$"):
         check_pad_inert(wrong)
 
@@ -180,7 +180,7 @@ def test_mapping_fails_on_a_window_off_the_tables_origin(
 
 def test_mapping_fails_on_a_transposed_view() -> None:
     square = SlotTable(4, 4, SINK)
-    warm = warmup_plan(4, 4, table=square)
+    warm = padding_plan(4, 4, table=square)
     transposed = replace(warm, slot_rect=square.tensor.t())
     assert transposed.slot_rect.data_ptr() == square.address
     with pytest.raises(MappingNotWindowError, match=r"\(strides \(1, 4\)\)"):
@@ -197,7 +197,7 @@ def test_mapping_fails_on_rows_not_the_tables_prefix(plan: DecodePlan, table: Sl
         MappingNotWindowError,
         match=r"^plan rows \(11, 10, 12\) are not a prefix of table rows \(10, 11, 12\)$",
     ):
-        check_mapping_is_window(replace(plan, rows=(11, 10, 12)), table)
+        check_mapping_is_window(replace(plan, seq_ids=(11, 10, 12)), table)
 
 
 def test_mapping_fails_on_a_warm_plan_with_a_copied_rectangle(

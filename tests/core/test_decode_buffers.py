@@ -13,8 +13,8 @@ from nanoserve.core import (
     GeometryError,
     SlotTable,
     bucket_decode,
+    padding_plan,
     plan_decode,
-    warmup_plan,
 )
 from nanoserve.core.decode_buffers import BUFFER_NAMES
 
@@ -64,7 +64,7 @@ def test_load_writes_in_place_and_returns_views() -> None:
         assert view.shape == (4,)
         assert torch.equal(view, getattr(plan, name))
     assert loaded.slot_rect is plan.slot_rect
-    assert (loaded.rows, loaded.pad_rows, loaded.sink_slot) == (plan.rows, 1, SINK)
+    assert (loaded.seq_ids, loaded.pad_rows, loaded.sink_slot) == (plan.seq_ids, 1, SINK)
 
 
 def test_a_later_load_shows_through_earlier_views() -> None:
@@ -88,9 +88,9 @@ def test_load_of_a_warm_plan_writes_padding_into_the_real_buffers() -> None:
     buffers = DecodeBuffers.allocate(4, sink_slot=SINK)
     buffers.load(plan_decode(three_seqs(), sink_slot=SINK))
     before = buffers.addresses()
-    warm = buffers.load(warmup_plan(4, 8, table=SlotTable(4, 8, SINK)))
+    warm = buffers.load(padding_plan(4, 8, table=SlotTable(4, 8, SINK)))
     assert buffers.addresses() == before
-    assert warm.rows == ()
+    assert warm.seq_ids == ()
     assert buffers.write_slots.tolist() == [SINK] * 4
     assert buffers.context_lens.tolist() == [0] * 4
     assert warm.write_slots.data_ptr() == buffers.write_slots.data_ptr()

@@ -1,4 +1,4 @@
-"""plan_decode, pad_decode and warmup_plan: exact tensors on block_size 4, sink 16."""
+"""plan_decode, pad_decode and padding_plan: exact tensors on block_size 4, sink 16."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from nanoserve.core import (
     GeometryError,
     SlotTable,
     pad_decode,
+    padding_plan,
     plan_decode,
-    warmup_plan,
 )
 
 SINK = 16  # 4 blocks of 4 slots
@@ -49,7 +49,7 @@ EXPECTED = {
 
 def test_plan_decode_without_table() -> None:
     plan = plan_decode(seqs(), sink_slot=SINK)
-    assert plan.rows == (10, 11)
+    assert plan.seq_ids == (10, 11)
     assert (plan.pad_rows, plan.num_rows, plan.width, plan.shape) == (0, 2, 6, (2, 6))
     assert plan.sink_slot == SINK
     assert rows_of(plan) == EXPECTED
@@ -60,7 +60,7 @@ def test_plan_decode_without_table() -> None:
 def test_plan_decode_with_table_is_a_window() -> None:
     table = SlotTable(4, 8, SINK)
     plan = plan_decode(seqs(), sink_slot=SINK, table=table)
-    assert plan.rows == (10, 11)
+    assert plan.seq_ids == (10, 11)
     assert rows_of(plan) == EXPECTED
     assert plan.slot_rect.data_ptr() == table.address
     assert plan.slot_rect.stride() == table.tensor.stride()
@@ -72,7 +72,7 @@ def test_plan_decode_with_table_is_a_window() -> None:
         DecodeSeq(12, 103, 1, BlockTable(4, [2])),
     ]
     plan = plan_decode(step, sink_slot=SINK, table=table)
-    assert plan.rows == (10, 12)
+    assert plan.seq_ids == (10, 12)
     assert plan.context_lens.tolist() == [7, 2]
     assert plan.write_slots.tolist() == [2, 9]
     assert plan.slot_rect.tolist() == [
@@ -117,7 +117,7 @@ def test_plan_decode_refuses_a_position_beyond_the_table() -> None:
 def test_pad_decode_without_table() -> None:
     plan = plan_decode(seqs(), sink_slot=SINK)
     padded = pad_decode(plan, 4, 8)
-    assert padded.rows == (10, 11)
+    assert padded.seq_ids == (10, 11)
     assert (padded.pad_rows, padded.shape) == (2, (4, 8))
     assert rows_of(padded) == {
         "input_ids": [100, 101, 0, 0],
@@ -168,8 +168,8 @@ def test_pad_decode_cannot_shrink(num_rows: int, width: int) -> None:
 def test_warmup_plan_is_all_padding_on_the_real_table() -> None:
     table = SlotTable(4, 8, SINK)
     plan_decode(seqs(), sink_slot=SINK, table=table)  # the table holds real rows
-    warm = warmup_plan(3, 4, table=table)
-    assert warm.rows == ()
+    warm = padding_plan(3, 4, table=table)
+    assert warm.seq_ids == ()
     assert (warm.pad_rows, warm.num_rows, warm.shape, warm.sink_slot) == (3, 3, (3, 4), SINK)
     assert warm.input_ids.tolist() == [0, 0, 0]
     assert warm.positions.tolist() == [0, 0, 0]
@@ -195,4 +195,4 @@ def test_warmup_plan_is_all_padding_on_the_real_table() -> None:
 )
 def test_warmup_plan_errors(num_rows: int, width: int, message: str) -> None:
     with pytest.raises(GeometryError, match=message):
-        warmup_plan(num_rows, width, table=SlotTable(4, 8, SINK))
+        padding_plan(num_rows, width, table=SlotTable(4, 8, SINK))

@@ -25,7 +25,7 @@ def chunks() -> list[PrefillChunk]:
 def test_two_chunks_exact() -> None:
     plan = plan_prefill(chunks(), sink_slot=SINK)
     assert isinstance(plan, PrefillPlan)
-    assert plan.rows == (1, 2)
+    assert plan.seq_ids == (1, 2)
     assert plan.num_tokens == 6
     assert plan.input_ids.tolist() == [10, 11, 12, 20, 21, 22]
     assert plan.positions.tolist() == [0, 1, 2, 5, 6, 7]

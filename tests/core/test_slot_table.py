@@ -118,7 +118,7 @@ def test_read_with_no_rows_needs_padding(table: SlotTable) -> None:
     assert rect.shape == (2, 4)
     assert rect.data_ptr() == table.address
     assert rect[0, 0].item() == 12  # a window on the real table, not a fresh sink tensor
-    with pytest.raises(GeometryError, match=r"read\(rows=\(\), pad_rows=0\) addresses nothing"):
+    with pytest.raises(GeometryError, match=r"read\(seq_ids=\(\), pad_rows=0\) addresses nothing"):
         table.read((), 0, 4)
 
 
@@ -126,14 +126,17 @@ def test_read_rows_must_be_the_tables_prefix(table: SlotTable) -> None:
     table.write_row(0, 7, ids(12))
     table.write_row(1, 8, ids(4))
     assert table.read((7,), 0, 1).shape == (1, 1)
-    with pytest.raises(GeometryError, match=r"^rows \(8,\) are not the table's first rows \(7,\)$"):
+    with pytest.raises(
+        GeometryError, match=r"^sequences \(8,\) are not the table's first rows \(7,\)$"
+    ):
         table.read((8,), 0, 1)
     with pytest.raises(
-        GeometryError, match=r"^rows \(8, 7\) are not the table's first rows \(7, 8\)$"
+        GeometryError, match=r"^sequences \(8, 7\) are not the table's first rows \(7, 8\)$"
     ):
         table.read((8, 7), 0, 1)
     with pytest.raises(
-        GeometryError, match=r"^rows \(7, 8, 9\) are not the table's first rows \(7, 8, None\)$"
+        GeometryError,
+        match=r"^sequences \(7, 8, 9\) are not the table's first rows \(7, 8, None\)$",
     ):
         table.read((7, 8, 9), 0, 1)
 

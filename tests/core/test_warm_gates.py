@@ -17,12 +17,12 @@ from nanoserve.core import (
     Shape,
     SlotTable,
     bucket_decode,
+    padding_plan,
     paged_decode_attention,
     plan_decode,
     warm_shapes,
-    warmup_plan,
-    width_ceiling,
 )
+from nanoserve.core.step_footprint import StepFootprint
 from nanoserve.core.warm_gates import (
     ColdCaptureError,
     NotAllWarmError,
@@ -68,7 +68,7 @@ def real_plan(table: SlotTable) -> DecodePlan:
 
 @pytest.fixture
 def warm(table: SlotTable, real_plan: DecodePlan) -> DecodePlan:
-    return warmup_plan(4, 8, table=table)
+    return padding_plan(4, 8, table=table)
 
 
 def test_every_warm_gate_error_is_a_gate_error() -> None:
@@ -220,7 +220,7 @@ def test_pool_shape_must_match() -> None:
 
 def test_table_stable(table: SlotTable, warm: DecodePlan) -> None:
     address = table.address
-    warmup_plan(2, 4, table=table)
+    padding_plan(2, 4, table=table)
     check_table_stable(address, table.address)
     moved = table.to("cpu")
     with pytest.raises(
@@ -275,30 +275,37 @@ def test_all_warm() -> None:
 # --- check_warm_budget -------------------------------------------------------------------------
 
 
+# 2 heads, 1 K/V head of 4, vocab 8, fp32: attention holds 73 bytes per (row, position) and
+# the logits 64 per row, so (4, 8) peaks at 2336 bytes, (2, 32) at 4672 and (1, 4) at 292.
+TINY = StepFootprint(
+    num_heads=2, num_kv_heads=1, head_dim=4, vocab_size=8, pool_bytes=4, accum_bytes=4
+)
+
+
 def test_warm_budget_small() -> None:
-    shapes = [Shape(4, 8), Shape(2, 32), Shape(1, 4)]  # 256, 512 and 32 bytes at 2 heads
-    check_warm_budget(shapes, 2, 512)
-    check_warm_budget([], 2, 0)
+    shapes = [Shape(4, 8), Shape(2, 32), Shape(1, 4)]
+    check_warm_budget(shapes, TINY, 4672)
+    check_warm_budget([], TINY, 0)
     with pytest.raises(
         WarmBudgetError,
-        match=(
-            r"^shape Shape\(rows=2, width=32\) needs 512 bytes of scores at 2 heads;"
-            r" the budget is 511$"
-        ),
+        match=r"^shape Shape\(rows=2, width=32\) needs 4672 bytes at its peak; the budget is 4671$",
     ):
-        check_warm_budget(shapes, 2, 511)
+        check_warm_budget(shapes, TINY, 4671)
 
 
-def test_warm_budget_at_serving_size() -> None:
-    buckets = BucketSet(256, 8192, 128)
+def test_warm_budget_passes_the_list_its_width_ceiling_trimmed() -> None:
+    # SmolLM2-135M's geometry in bf16, accumulating in fp32.
+    footprint = StepFootprint(
+        num_heads=9, num_kv_heads=3, head_dim=64, vocab_size=49152, pool_bytes=2, accum_bytes=4
+    )
+    buckets = BucketSet(32, 4096, 64)
     budget = 64_000_000
-    trimmed = warm_shapes(buckets, max_width=width_ceiling(budget, 256, 32))
-    check_warm_budget(trimmed, 32, budget)
+    ceiling = footprint.width_ceiling(budget, 32)
+    trimmed = warm_shapes(buckets, max_width=ceiling)
+    check_warm_budget(trimmed, footprint, budget)
+    needed = footprint.peak_bytes(32, 4096)
     with pytest.raises(
         WarmBudgetError,
-        match=(
-            r"^shape Shape\(rows=256, width=8192\) needs 268435456 bytes of scores at 32 heads;"
-            r" the budget is 64000000$"
-        ),
+        match=rf"^shape Shape\(rows=32, width=4096\) needs {needed} bytes at its peak;",
     ):
-        check_warm_budget(warm_shapes(buckets), 32, budget)
+        check_warm_budget(warm_shapes(buckets), footprint, budget)

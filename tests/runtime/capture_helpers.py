@@ -3,22 +3,34 @@ whose requests join and leave mid-run so the row set and the widths change under
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import torch
 
-from nanoserve.runtime.checkpoint import load_checkpoint
-from nanoserve.runtime.engine import Engine
+from nanoserve.core import Shape
+from nanoserve.runtime.decode.warmup import WarmupReport
+from nanoserve.runtime.engine.engine import Engine
+from nanoserve.runtime.engine.sampling_params import SamplingParams
 from nanoserve.runtime.engine_config import EngineConfig
-from nanoserve.runtime.model import LlamaModel
-from nanoserve.runtime.sampling_params import SamplingParams
+from nanoserve.runtime.loading.checkpoint import load_checkpoint
+from nanoserve.runtime.model.llama import LlamaModel
 
-MODES = {
-    "eager": {},
-    "bucketed": {"bucket_decode": True},
-    "persistent": {"bucket_decode": True, "persist_inputs": True},
-    "recorded": {"bucket_decode": True, "persist_inputs": True, "capture_decode": True},
-}
+
+def warm(
+    engine: Engine,
+    shapes: Iterable[Shape] | None = None,
+    *,
+    skipped: tuple[tuple[Shape, str], ...] = (),
+    **kwargs: Any,
+) -> WarmupReport:
+    """Warm the engine's own plan, or the same plan listing `shapes` (and `skipped`) instead."""
+    plan = engine.plan_warm()
+    if shapes is not None:
+        plan = replace(plan, shapes=tuple(shapes), skipped=skipped)
+    return engine.warm(plan, **kwargs)
 
 
 def tiny_engine(model_dir: Path, **config: object) -> Engine:

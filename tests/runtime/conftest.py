@@ -25,8 +25,8 @@ import pytest
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from nanoserve.runtime.checkpoint import Checkpoint, load_checkpoint
-from nanoserve.runtime.embedded import embedded_model_path
+from nanoserve.runtime.loading.checkpoint import Checkpoint, load_checkpoint
+from nanoserve.runtime.loading.embedded import embedded_model_path
 
 if TYPE_CHECKING:  # gguf is imported where a GGUF is written: the GPU machine has no gguf
     from gguf import GGMLQuantizationType
@@ -346,10 +346,10 @@ def tiny_engine_builder(
     Defaults: block_size 4, max_model_len 128, max_batch 16, fp32, batch_invariant, 256 blocks.
     `num_blocks` sizes `kv_budget_bytes` to exactly that many blocks. Prefer `make_tiny_engine`.
     """
-    from nanoserve.runtime.chat_template import ChatTemplate
-    from nanoserve.runtime.engine import Engine
+    from nanoserve.runtime.engine.engine import Engine
     from nanoserve.runtime.engine_config import EngineConfig
-    from nanoserve.runtime.model import LlamaModel
+    from nanoserve.runtime.model.llama import LlamaModel
+    from nanoserve.runtime.text.chat_template import ChatTemplate
 
     ck = tiny_llama_checkpoint
     template = ChatTemplate.from_checkpoint(ck)

@@ -11,11 +11,11 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from nanoserve.runtime.async_engine import AsyncEngine, EngineClosedError, EngineDeadError
-from nanoserve.runtime.engine import Engine, RequestError
-from nanoserve.runtime.sampling_params import SamplingParams
-from nanoserve.runtime.scheduler import QueueFullError
-from nanoserve.runtime.sequence import Delta
+from nanoserve.runtime.engine.async_engine import AsyncEngine, EngineClosedError, EngineDeadError
+from nanoserve.runtime.engine.engine import Engine, RequestError
+from nanoserve.runtime.engine.sampling_params import SamplingParams
+from nanoserve.runtime.engine.scheduler import QueueFullError
+from nanoserve.runtime.engine.sequence import Delta
 
 pytestmark = pytest.mark.usefixtures("single_torch_thread")
 
@@ -84,7 +84,7 @@ def test_concurrent_streams_match_the_sync_engine(make_tiny_engine) -> None:
 
     results = run(engine, body)
     assert [[t for d in deltas for t in d.token_ids] for deltas in results] == expected
-    assert engine.stats()["finished"] == {"length": 8}
+    assert engine.status().finished == {"length": 8}
 
 
 def test_forwards_never_run_on_the_event_loop_thread(make_tiny_engine) -> None:
@@ -146,7 +146,7 @@ def test_closing_a_stream_early_aborts_and_frees_blocks(make_tiny_engine) -> Non
 
     got = run(engine, body)
     assert len(got) == 3
-    assert engine.stats()["finished"] == {"abort": 1}
+    assert engine.status().finished == {"abort": 1}
     engine.check_blocks()
     assert engine.blocks.num_in_use == 0
 
@@ -175,7 +175,7 @@ def test_cancelling_a_consumer_aborts_the_request(make_tiny_engine) -> None:
         assert other[-1].finish_reason == "length"
 
     run(engine, body)
-    assert engine.stats()["finished"] == {"abort": 1, "length": 1}
+    assert engine.status().finished == {"abort": 1, "length": 1}
     assert engine.blocks.num_in_use == 0
 
 
@@ -195,7 +195,7 @@ def test_queue_bound(make_tiny_engine) -> None:
         await collect(served.submit("c", PROMPTS[3], greedy(3)))  # room again
 
     run(engine, body)
-    assert engine.stats()["finished"] == {"length": 3}
+    assert engine.status().finished == {"length": 3}
 
 
 def test_bad_requests_raise_at_submit(make_tiny_engine) -> None:

@@ -10,15 +10,18 @@ from hypothesis import strategies as st
 
 from nanoserve.core import BlockTable, OutOfBlocksError
 from nanoserve.core.blocks import ConservationError
-from nanoserve.runtime.block_manager import BlockManager
+from nanoserve.runtime.engine.block_manager import BlockManager
 
 BS = 4
 
 
 def computed(manager: BlockManager, tokens: list[int]) -> BlockTable:
     """A sequence that matched what it could, got blocks for the rest, and computed it all."""
-    table = BlockTable(BS, manager.match_prefix(tokens))
+    cached = manager.match_prefix(tokens)
+    num_cached = len(cached) * BS
+    table = BlockTable(BS, cached)
     manager.grow(table, len(tokens))
+    manager.count_admitted(len(tokens), num_cached)
     manager.cache_full_blocks(table, tokens, len(tokens))
     return table
 

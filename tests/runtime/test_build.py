@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 
 from nanoserve.core import Shape
-from nanoserve.runtime.build import build_engine
+from nanoserve.runtime.decode.warmup import WarmupCancelled
+from nanoserve.runtime.engine.build import build_engine
 from nanoserve.runtime.engine_config import EngineConfig, EngineConfigError
 from nanoserve.runtime.errors import CheckpointError
-from nanoserve.runtime.warmup import WarmupCancelled
 
 
 def boot(model_dir: Path, **config: object) -> tuple[object, list[str]]:
@@ -28,15 +28,13 @@ def test_eager_boot_line(tiny_llama_dir: Path) -> None:
     assert lines[-1].startswith("nanoserve ready: model=")
     assert "dtype=float32 device=cpu" in lines[-1] and "graphs=" not in lines[-1]
     # The boot request left no trace: counters reset, every block free.
-    assert engine.stats()["generation_tokens"] == 0 and engine.blocks.num_in_use == 0
+    assert engine.status().generation_tokens == 0 and engine.blocks.num_in_use == 0
 
 
 def test_capture_boot_warms_the_trimmed_list(tiny_llama_dir: Path) -> None:
     engine, lines = boot(
         tiny_llama_dir,
-        bucket_decode=True,
-        persist_inputs=True,
-        capture_decode=True,
+        decode_mode="recorded",
         max_batch=8,
         width_multiple=16,
         warm_max_rows=2,
@@ -46,13 +44,15 @@ def test_capture_boot_warms_the_trimmed_list(tiny_llama_dir: Path) -> None:
     assert report is not None and report.num_recorded == 2 * 2  # rows 1, 2 x widths 16, 32
     assert "graphs=4 (frozen-call, est " in lines[-1]
     assert "skipped 0 by memory, 0 by time)" in lines[-1]
-    assert engine.warm_plan.max_rows == 2 and engine.warm_plan.max_width == 32
-    # The report carries the limits and both budgets (so /health reads them off the report).
-    assert (report.max_rows, report.max_width) == (2, 32)
-    assert report.width_ceiling == engine.warm_plan.width_ceiling > 0
-    assert report.budget_bytes == engine.warm_plan.budget_bytes > 0
-    assert report.budget_seconds == 30.0 and report.time_ceiling == 32
-    assert report.estimated_seconds is not None and report.estimated_seconds > 0
+    # The report carries its plan: the limits and both budgets (/health reads them off it).
+    plan, estimate = report.plan, report.estimate
+    assert (plan.max_rows, plan.max_width, report.max_width) == (2, 32, 32)
+    assert plan.width_ceiling > 0 and plan.budget_bytes > 0
+    assert estimate.budget_seconds == 30.0 and estimate.time_ceiling == 32
+    assert estimate.seconds > 0
+    body = report.as_dict()
+    assert (body["max_rows"], body["max_width"]) == (2, 32)
+    assert (body["width_ceiling"], body["budget_bytes"]) == (plan.width_ceiling, plan.budget_bytes)
     # The estimate was said before the work, in the line /health shows as the phase.
     pricing, warming = (line for line in lines if line.startswith(("pricing", "warming")))
     assert pricing == "pricing 4 decode shapes: timing one recording at 2x32 and 1x16"
@@ -60,13 +60,11 @@ def test_capture_boot_warms_the_trimmed_list(tiny_llama_dir: Path) -> None:
     assert "s/shape measured at 1x16 and 2x32); time budget 30 s, memory ceiling " in warming
     assert warming.endswith(" tokens, 0 skipped")
     assert engine.pool.resident
-    engine.check_warm()
+    assert engine.runner.graphs is not None and engine.runner.graphs.num_cold == 0
 
 
 def test_lazy_capture_boot_records_nothing(tiny_llama_dir: Path) -> None:
-    engine, lines = boot(
-        tiny_llama_dir, bucket_decode=True, persist_inputs=True, capture_decode=True, warm=False
-    )
+    engine, lines = boot(tiny_llama_dir, decode_mode="recorded", warm=False)
     assert engine.warm_report is None and "graphs=lazy" in lines[-1]
 
 
@@ -82,7 +80,7 @@ def test_bad_limits_are_named() -> None:
         EngineConfig(dtype="float8")
 
 
-CAPTURE = {"bucket_decode": True, "persist_inputs": True, "capture_decode": True}
+CAPTURE = {"decode_mode": "recorded"}
 
 
 def test_a_tiny_time_budget_warms_nothing_and_says_why(tiny_llama_dir: Path) -> None:

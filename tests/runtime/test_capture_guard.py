@@ -12,16 +12,16 @@ import pytest
 import torch
 
 from nanoserve.core import BucketSet, Shape, paged_decode_attention, warm_shapes
-from nanoserve.runtime import kv_pool
-from nanoserve.runtime.capture_guard import (
+from nanoserve.runtime.decode.capture_guard import (
     DynamicShapeError,
     ForeignDeviceError,
     HostSyncError,
     capture_guard,
 )
-from nanoserve.runtime.capture_trace import trace_recorded_steps
-from nanoserve.runtime.checkpoint import Checkpoint
-from tests.runtime.capture_helpers import MODES, tiny_engine
+from nanoserve.runtime.decode.capture_trace import trace_recorded_steps
+from nanoserve.runtime.loading.checkpoint import Checkpoint
+from nanoserve.runtime.model import kv_pool
+from tests.runtime.capture_helpers import tiny_engine, warm
 
 X = torch.tensor([1.0, -2.0, 3.0])
 
@@ -98,19 +98,21 @@ def _reading_attention(q, k_pool, v_pool, slot_rect, context_lens, scale, accum_
 def test_the_warm_up_refuses_a_planted_attention(
     tiny_llama_dir: Path, monkeypatch: pytest.MonkeyPatch, planted: object, error: type
 ) -> None:
-    engine = tiny_engine(tiny_llama_dir, **MODES["recorded"], max_model_len=64, width_multiple=16)
+    engine = tiny_engine(
+        tiny_llama_dir, decode_mode="recorded", max_model_len=64, width_multiple=16
+    )
     monkeypatch.setattr(kv_pool, "paged_decode_attention", planted)
     with pytest.raises(error):
-        engine.warm_decode((Shape(2, 16),))
+        warm(engine, (Shape(2, 16),))
     assert not engine.runner.graphs.recordings
 
 
 def test_a_lazy_recording_runs_under_the_guard(
     tiny_llama_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from nanoserve.runtime.sampling_params import SamplingParams
+    from nanoserve.runtime.engine.sampling_params import SamplingParams
 
-    engine = tiny_engine(tiny_llama_dir, **MODES["recorded"])
+    engine = tiny_engine(tiny_llama_dir, decode_mode="recorded")
     engine.add_request("a", [5, 17, 3], SamplingParams(max_tokens=4, temperature=0))
     engine.step()  # prefill: eager, not recorded, not guarded
     monkeypatch.setattr(kv_pool, "paged_decode_attention", _reading_attention)

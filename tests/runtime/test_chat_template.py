@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from nanoserve.runtime.chat_template import ChatTemplate
-from nanoserve.runtime.checkpoint import Checkpoint, load_checkpoint
 from nanoserve.runtime.errors import ChatTemplateError
+from nanoserve.runtime.loading.checkpoint import Checkpoint, load_checkpoint
+from nanoserve.runtime.text.chat_template import ChatTemplate
 
 CONVERSATION = [
     {"role": "system", "content": "Be brief."},

@@ -10,8 +10,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from nanoserve.runtime.checkpoint import expected_tensor_shapes, load_checkpoint
 from nanoserve.runtime.errors import ConfigError, TokenizerError, WeightsError
+from nanoserve.runtime.loading.checkpoint import expected_tensor_shapes, load_checkpoint
 
 
 def _copy(model_dir: Path, tmp_path: Path) -> Path:

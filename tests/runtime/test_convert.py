@@ -12,16 +12,16 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType as Q
 
-from nanoserve.runtime.chat_template import ChatTemplate
-from nanoserve.runtime.checkpoint import Checkpoint, load_checkpoint
-from nanoserve.runtime.convert import (
+from nanoserve.runtime.errors import UnsupportedQuantError, WeightsError
+from nanoserve.runtime.loading.checkpoint import Checkpoint, load_checkpoint
+from nanoserve.runtime.loading.convert import (
     CONVERTER_VERSION,
     cached_conversion,
     convert_gguf,
     default_cache_dir,
     file_sha256,
 )
-from nanoserve.runtime.errors import UnsupportedQuantError, WeightsError
+from nanoserve.runtime.text.chat_template import ChatTemplate
 
 TEXTS = [
     "Hello, world! 12345",

@@ -10,13 +10,13 @@ import torch
 
 from nanoserve.core import DecodeBuffers, warm_shapes
 from nanoserve.core.capture_gates import AddressesMovedError
-from nanoserve.runtime.checkpoint import load_checkpoint
-from nanoserve.runtime.engine import Engine
+from nanoserve.runtime.decode.graphs import CudaGraphBackend
+from nanoserve.runtime.engine.engine import Engine
+from nanoserve.runtime.engine.sampling_params import SamplingParams
 from nanoserve.runtime.engine_config import EngineConfig
-from nanoserve.runtime.graphs import CudaGraphBackend
-from nanoserve.runtime.model import LlamaModel
-from nanoserve.runtime.sampling_params import SamplingParams
-from tests.runtime.capture_helpers import MODES, run_joining_workload
+from nanoserve.runtime.loading.checkpoint import load_checkpoint
+from nanoserve.runtime.model.llama import LlamaModel
+from tests.runtime.capture_helpers import run_joining_workload, warm
 
 pytestmark = pytest.mark.gpu
 
@@ -39,8 +39,8 @@ def cuda_engine(model_dir: Path, **config: object) -> Engine:
 
 def test_cuda_recordings_equal_the_same_shapes_run_eagerly(tiny_llama_dir: Path) -> None:
     """Same bucket shapes, same kernels: recorded and persistent-eager tokens are bit-identical."""
-    persistent = run_joining_workload(cuda_engine(tiny_llama_dir, **MODES["persistent"]))
-    engine = cuda_engine(tiny_llama_dir, **MODES["recorded"])
+    persistent = run_joining_workload(cuda_engine(tiny_llama_dir, decode_mode="persistent"))
+    engine = cuda_engine(tiny_llama_dir, decode_mode="recorded")
     assert isinstance(engine.runner.graphs.backend, CudaGraphBackend)
     assert run_joining_workload(engine) == persistent
     stats = engine.runner.graphs.stats()
@@ -57,7 +57,7 @@ def test_cuda_recordings_share_one_pool(tiny_llama_dir: Path) -> None:
     """
     engine = cuda_engine(
         tiny_llama_dir,
-        **MODES["recorded"],
+        decode_mode="recorded",
         max_model_len=64,
         width_multiple=16,
         kv_budget_bytes=64 << 20,
@@ -65,10 +65,10 @@ def test_cuda_recordings_share_one_pool(tiny_llama_dir: Path) -> None:
     graphs = engine.runner.graphs
     assert graphs is not None
     shapes = warm_shapes(engine.runner.buckets)
-    engine.warm_decode(shapes[:1])
-    first = graphs.stats()["pool_bytes"]
-    report = engine.warm_decode(shapes[1:])
-    pool = graphs.stats()["pool_bytes"]
+    warm(engine, shapes[:1])
+    first = graphs.stats().pool_bytes
+    report = warm(engine, shapes[1:])
+    pool = graphs.stats().pool_bytes
     assert report.num_recorded == len(shapes) - 1
     assert len(graphs.recordings) == len(shapes) == 16
     assert 0 < first <= pool
@@ -77,17 +77,16 @@ def test_cuda_recordings_share_one_pool(tiny_llama_dir: Path) -> None:
 
 
 def test_cuda_warm_engine_makes_no_cold_recording(tiny_llama_dir: Path) -> None:
-    config = {**MODES["recorded"], "max_model_len": 64, "width_multiple": 16, "max_batch": 4}
+    config = {"decode_mode": "recorded", "max_model_len": 64, "width_multiple": 16, "max_batch": 4}
     lazy = run_joining_workload(cuda_engine(tiny_llama_dir, **config))
     engine = cuda_engine(tiny_llama_dir, **config)
-    engine.warm_decode(warm_shapes(engine.runner.buckets))
+    warm(engine, warm_shapes(engine.runner.buckets))
     assert run_joining_workload(engine) == lazy
     assert engine.runner.graphs.num_cold == 0
-    engine.check_warm()
 
 
 def test_cuda_moved_buffer_refuses_replay(tiny_llama_dir: Path) -> None:
-    engine = cuda_engine(tiny_llama_dir, **MODES["recorded"])
+    engine = cuda_engine(tiny_llama_dir, decode_mode="recorded")
     engine.add_request(
         "a", [5, 17, 3], SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
     )

@@ -11,10 +11,10 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from nanoserve.core import BlockTable, DecodeSeq, Shape, warm_shapes
-from nanoserve.runtime.decode_inputs import DecodeInputs
-from nanoserve.runtime.engine import Engine
-from nanoserve.runtime.sampling_params import SamplingParams
-from tests.runtime.capture_helpers import MODES, tiny_engine
+from nanoserve.runtime.decode.decode_inputs import DecodeInputs
+from nanoserve.runtime.engine.engine import Engine
+from nanoserve.runtime.engine.sampling_params import SamplingParams
+from tests.runtime.capture_helpers import tiny_engine, warm
 
 SINK = 99
 
@@ -29,7 +29,7 @@ def test_load_writes_the_vectors_and_only_new_table_entries() -> None:
     inputs = DecodeInputs(4, 16, SINK, torch.device("cpu"), capacity=9)
     a, b = table_of(2, 5), table_of(7)
     plan = inputs.load([DecodeSeq(10, 41, 5, a), DecodeSeq(11, 42, 2, b)], Shape(4, 8))
-    assert plan.rows == (10, 11) and plan.pad_rows == 2 and plan.shape == (4, 8)
+    assert plan.seq_ids == (10, 11) and plan.pad_rows == 2 and plan.shape == (4, 8)
     assert plan.input_ids.tolist() == [41, 42, 0, 0]
     assert plan.positions.tolist() == [5, 2, 0, 0]
     assert plan.write_slots.tolist() == [21, 30, SINK, SINK]  # block 5 offset 1; block 7 offset 2
@@ -109,8 +109,10 @@ def count_decode_steps(engine: Engine, steps: int) -> list[tuple[int, int, int, 
 def test_a_decode_step_makes_one_copy_each_way(tiny_llama_dir: Path) -> None:
     """(host->device copies, tensors from Python data, scalar reads, host reads) per step:
     one plan copy in, the sampled ids out, nothing else — at 3 rows as at 1."""
-    engine = tiny_engine(tiny_llama_dir, **MODES["recorded"], max_model_len=64, width_multiple=16)
-    engine.warm_decode(warm_shapes(engine.runner.buckets))
+    engine = tiny_engine(
+        tiny_llama_dir, decode_mode="recorded", max_model_len=64, width_multiple=16
+    )
+    warm(engine, warm_shapes(engine.runner.buckets))
     greedy = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
     for i in range(3):
         engine.add_request(f"r{i}", [5 + i, 17, 3, 99], greedy)
@@ -120,8 +122,10 @@ def test_a_decode_step_makes_one_copy_each_way(tiny_llama_dir: Path) -> None:
 
 
 def test_sampling_rows_add_one_parameter_copy(tiny_llama_dir: Path) -> None:
-    engine = tiny_engine(tiny_llama_dir, **MODES["recorded"], max_model_len=64, width_multiple=16)
-    engine.warm_decode(warm_shapes(engine.runner.buckets))
+    engine = tiny_engine(
+        tiny_llama_dir, decode_mode="recorded", max_model_len=64, width_multiple=16
+    )
+    warm(engine, warm_shapes(engine.runner.buckets))
     engine.add_request("g", [5, 17, 3], SamplingParams(max_tokens=8, temperature=0))
     engine.add_request(
         "s", [6, 17, 3], SamplingParams(max_tokens=8, temperature=0.8, top_p=0.9, seed=1)

@@ -4,8 +4,8 @@ import re
 
 import pytest
 
-from nanoserve.runtime.embedded import EMBEDDED_FILE, INSTALL_COMMAND, embedded_model_path
 from nanoserve.runtime.errors import EmbeddedModelMissing
+from nanoserve.runtime.loading.embedded import EMBEDDED_FILE, INSTALL_COMMAND, embedded_model_path
 
 
 def test_embedded_model_is_found_without_importing_its_package() -> None:

@@ -17,10 +17,10 @@ import pytest
 import torch
 
 from nanoserve.core.errors import NanoserveError
-from nanoserve.runtime.engine import Engine, RequestError
-from nanoserve.runtime.sampling_params import SamplingParams, SamplingParamsError
-from nanoserve.runtime.scheduler import QueueFullError, SchedulerOutput
-from nanoserve.runtime.sequence import Delta
+from nanoserve.runtime.engine.engine import Engine, RequestError
+from nanoserve.runtime.engine.sampling_params import SamplingParams, SamplingParamsError
+from nanoserve.runtime.engine.scheduler import QueueFullError, SchedulerOutput
+from nanoserve.runtime.engine.sequence import Delta
 
 VOCAB = 320
 pytestmark = pytest.mark.usefixtures("single_torch_thread")
@@ -175,10 +175,9 @@ def test_prefix_cache_hits_match_alone(make_tiny_engine, alone_trace) -> None:
     by_itself = serve(make_tiny_engine(), [Request(reuse.prompt, 12)]).trace["0"]
     run = serve(engine, [first, reuse])
     assert run.trace == {"0": alone_trace["2"], "1": by_itself}
-    stats = engine.stats()
-    assert stats["prefix_cache_hit_tokens"] == 28
-    assert stats["prefix_cache_queried_tokens"] == 36 + 35
-    assert stats["prefix_cache_hit_rate"] == pytest.approx(28 / 71)
+    prefix = engine.status().prefix_cache
+    assert (prefix.hit_tokens, prefix.queried_tokens) == (28, 36 + 35)
+    assert prefix.hit_rate == pytest.approx(28 / 71)
 
 
 def test_prefix_hit_after_the_owner_finished(make_tiny_engine) -> None:
@@ -188,7 +187,7 @@ def test_prefix_hit_after_the_owner_finished(make_tiny_engine) -> None:
     again = Request((*first.prompt, 7, 8), 10)
     by_itself = serve(make_tiny_engine(), [again]).trace
     assert serve(engine, [again]).trace == by_itself
-    assert engine.stats()["prefix_cache_hit_tokens"] == 36  # 9 whole blocks of the prompt
+    assert engine.status().prefix_cache.hit_tokens == 36  # 9 whole blocks of the prompt
 
 
 def test_the_same_prompt_twice_at_once(make_tiny_engine, alone_trace) -> None:
@@ -196,7 +195,7 @@ def test_the_same_prompt_twice_at_once(make_tiny_engine, alone_trace) -> None:
     engine = make_tiny_engine()
     run = serve(engine, [WORKLOAD[2], WORKLOAD[2]])
     assert run.trace == {"0": alone_trace["2"], "1": alone_trace["2"]}
-    assert engine.stats()["prefix_cache_hit_tokens"] == 0
+    assert engine.status().prefix_cache.hit_tokens == 0
 
 
 def test_preempted_and_recomputed_matches_alone(make_tiny_engine, alone, alone_trace) -> None:
@@ -216,7 +215,7 @@ def test_preemption_without_prefix_cache_matches_alone(
     assert run.preempted > 0
     assert run.tokens == alone
     assert run.trace == alone_trace  # bit-identical logprobs
-    assert engine.stats()["prefix_cache_hit_tokens"] == 0
+    assert engine.status().prefix_cache.hit_tokens == 0
 
 
 def test_chunked_prefill_matches_alone(make_tiny_engine, alone, alone_trace) -> None:
@@ -240,9 +239,7 @@ def test_everything_at_once_matches_alone(make_tiny_engine, alone, alone_trace) 
 
 def test_bucketed_and_recorded_decode_matches_alone(make_tiny_engine, alone, alone_trace) -> None:
     """Decode rows padded to buckets (and replayed from recordings) keep their tokens."""
-    engine = make_tiny_engine(
-        bucket_decode=True, persist_inputs=True, capture_decode=True, width_multiple=16
-    )
+    engine = make_tiny_engine(decode_mode="recorded", width_multiple=16)
     run = serve(engine, WORKLOAD)
     assert run.tokens == alone
     assert run.trace == alone_trace  # bit-identical logprobs
@@ -255,9 +252,7 @@ def test_bucketed_decode_with_preemption_and_chunks_matches_alone(
     engine = make_tiny_engine(
         num_blocks=20,
         max_num_batched_tokens=9,
-        bucket_decode=True,
-        persist_inputs=True,
-        capture_decode=True,
+        decode_mode="recorded",
         width_multiple=16,
     )
     run = serve(engine, WORKLOAD)
@@ -277,7 +272,7 @@ def test_prompts_sharing_a_long_prefix_match_alone(make_tiny_engine, tiny_engine
     engine = make_tiny_engine(num_blocks=40, max_num_batched_tokens=16)
     run = serve(engine, requests)
     assert run.trace == by_itself
-    assert engine.stats()["prefix_cache_hit_tokens"] > 0
+    assert engine.status().prefix_cache.hit_tokens > 0
 
 
 def test_random_configurations_match_alone(make_tiny_engine, alone_trace) -> None:
@@ -296,8 +291,7 @@ def test_random_configurations_match_alone(make_tiny_engine, alone_trace) -> Non
             "enable_prefix_cache": rng.random() < 0.7,
         }
         if rng.random() < 0.4:
-            config.update(bucket_decode=True, persist_inputs=True, width_multiple=8)
-            config["capture_decode"] = rng.random() < 0.5
+            config.update(decode_mode=rng.choice(["persistent", "recorded"]), width_multiple=8)
         engine = make_tiny_engine(**config)
         run = serve(engine, WORKLOAD)
         assert run.trace == alone_trace, config
@@ -370,12 +364,12 @@ def test_n_samples_share_the_prompt_blocks(make_tiny_engine, alone_trace) -> Non
     run = serve(engine, [request], lambda i, r: greedy(r.max_tokens, n=3))
     assert run.finish == {"0": "length", "0/1": "length", "0/2": "length"}
     assert run.trace == {key: alone_trace["2"] for key in ("0", "0/1", "0/2")}
-    stats = engine.stats()
-    assert stats["prefix_cache_hit_tokens"] == 2 * 32  # each later sample reuses 8 blocks
-    assert stats["prefix_cache_queried_tokens"] == 3 * 36
-    assert stats["finished"] == {"length": 3}
-    assert stats["generation_tokens"] == 3 * request.max_tokens
-    assert stats["prompt_tokens"] == 36
+    status = engine.status()
+    assert status.prefix_cache.hit_tokens == 2 * 32  # each later sample reuses 8 blocks
+    assert status.prefix_cache.queried_tokens == 3 * 36
+    assert status.finished == {"length": 3}
+    assert status.generation_tokens == 3 * request.max_tokens
+    assert status.prompt_tokens == 36
 
 
 def test_n_seeded_samples_differ_and_reproduce(make_tiny_engine) -> None:
@@ -442,7 +436,7 @@ def test_random_aborts_free_every_block(make_tiny_engine) -> None:
     assert len(aborted) >= 10
     assert {r for r, why in finish.items() if why == "abort"} == aborted
     assert len(finish) == 30
-    assert engine.stats()["finished"] == {"abort": len(aborted), "length": 30 - len(aborted)}
+    assert engine.status().finished == {"abort": len(aborted), "length": 30 - len(aborted)}
     engine.check_blocks()
     assert engine.blocks.num_in_use == 0
     assert not engine.has_unfinished
@@ -564,15 +558,16 @@ def test_stats_count_exactly(make_tiny_engine) -> None:
     engine = make_tiny_engine()
     requests = WORKLOAD[:4]
     serve(engine, [Request(r.prompt, r.max_tokens) for r in requests])
-    stats = engine.stats()
-    assert stats["prompt_tokens"] == sum(len(r.prompt) for r in requests)
-    assert stats["generation_tokens"] == sum(r.max_tokens for r in requests)
-    assert stats["finished"] == {"length": 4}
-    assert (stats["running"], stats["waiting"], stats["kv_blocks_in_use"]) == (0, 0, 0)
-    assert stats["kv_blocks_total"] == engine.pool_plan.num_blocks
+    status = engine.status()
+    assert status.prompt_tokens == sum(len(r.prompt) for r in requests)
+    assert status.generation_tokens == sum(r.max_tokens for r in requests)
+    assert status.finished == {"length": 4} and status.steps > 0
+    assert (status.running, status.waiting, status.blocks_in_use) == (0, 0, 0)
+    assert status.pool == engine.pool_plan and status.kv_cache_usage == 0.0
+    assert (status.decode_mode, status.warm, status.graphs) == ("eager", None, None)
     engine.reset_counters()
-    assert engine.stats()["generation_tokens"] == 0
-    assert engine.stats()["prefix_cache_queried_tokens"] == 0
+    assert engine.status().generation_tokens == 0
+    assert engine.status().prefix_cache.queried_tokens == 0
 
 
 def test_step_with_nothing_to_do(make_tiny_engine) -> None:
@@ -642,7 +637,7 @@ def test_queue_bound(make_tiny_engine) -> None:
     drain(engine)
     engine.add_request("c", (5,), greedy(2))  # refused ids were not taken
     drain(engine)
-    assert engine.stats()["finished"] == {"length": 3}
+    assert engine.status().finished == {"length": 3}
 
 
 def test_thread_count_does_not_change_tokens(make_tiny_engine, alone_trace) -> None:
@@ -675,7 +670,7 @@ def test_embedded_model_alone_batched_and_preempted(embedded_checkpoint, embedde
     """SmolLM2-135M in fp32, batch-invariant: the same greedy tokens (and logprobs, bit for bit)
     alone, in a batch of 8 that join and leave, and after preemption with chunked prefill."""
     from nanoserve.runtime.engine_config import EngineConfig
-    from nanoserve.runtime.model import LlamaModel
+    from nanoserve.runtime.model.llama import LlamaModel
 
     ck = embedded_checkpoint
     model = LlamaModel.from_tensors(

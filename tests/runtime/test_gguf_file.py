@@ -15,9 +15,9 @@ import torch
 from gguf import GGMLQuantizationType as Q
 from safetensors.torch import load_file
 
-from nanoserve.runtime.checkpoint import Checkpoint, load_checkpoint
 from nanoserve.runtime.errors import UnsupportedModelError, UnsupportedQuantError, WeightsError
-from nanoserve.runtime.gguf_file import hf_tensor_name
+from nanoserve.runtime.loading.checkpoint import Checkpoint, load_checkpoint
+from nanoserve.runtime.loading.gguf_file import hf_tensor_name
 
 F32_EPS = float(np.float32(1e-5))  # GGUF stores rms_norm_eps as float32
 

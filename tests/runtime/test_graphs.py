@@ -18,17 +18,17 @@ from nanoserve.core.capture_gates import (
     PoolBudgetExceededError,
     ReplayRowsError,
 )
-from nanoserve.runtime.engine import Engine
-from nanoserve.runtime.graphs import (
+from nanoserve.runtime.decode.graphs import (
     FrozenCallBackend,
     RecordingArgumentsError,
     UnrecordedShapeError,
 )
-from nanoserve.runtime.kv_pool import CacheRows
-from nanoserve.runtime.sampling_params import SamplingParams
-from nanoserve.runtime.scheduler import SchedulerOutput
-from nanoserve.runtime.warmup import warmup_batch
-from tests.runtime.capture_helpers import MODES, tiny_engine
+from nanoserve.runtime.decode.warmup import warm_batch
+from nanoserve.runtime.engine.engine import Engine
+from nanoserve.runtime.engine.sampling_params import SamplingParams
+from nanoserve.runtime.engine.scheduler import SchedulerOutput
+from nanoserve.runtime.model.kv_pool import CacheRows
+from tests.runtime.capture_helpers import tiny_engine, warm
 
 
 def decode_ready(engine: Engine, prompts: list[list[int]]) -> SchedulerOutput:
@@ -45,14 +45,14 @@ def decode_ready(engine: Engine, prompts: list[list[int]]) -> SchedulerOutput:
 
 @pytest.fixture
 def engine(tiny_llama_dir: Path) -> Engine:
-    return tiny_engine(tiny_llama_dir, **MODES["recorded"])
+    return tiny_engine(tiny_llama_dir, decode_mode="recorded")
 
 
 @pytest.fixture
 def plan_and_cache(engine: Engine) -> tuple[DecodePlan, CacheRows]:
     out = decode_ready(engine, [[5, 17, 3], [9, 9, 9, 9, 9], [4, 4]])  # 3 rows: bucket 4
     plan = engine.runner.plan_decode_step(out)
-    return plan, engine.pool.view(plan.rows)
+    return plan, engine.pool.view(plan.seq_ids)
 
 
 def test_record_then_replay_gives_the_recorded_logits(engine: Engine, plan_and_cache) -> None:
@@ -103,7 +103,7 @@ def test_a_replay_over_another_row_set_is_refused(engine: Engine, plan_and_cache
     plan, cache = plan_and_cache
     graphs = engine.runner.graphs
     graphs.record(plan, cache, cold=True)
-    other = replace(plan, rows=tuple(r + 100 for r in plan.rows))
+    other = replace(plan, seq_ids=tuple(r + 100 for r in plan.seq_ids))
     with pytest.raises(ReplayRowsError, match="froze rows"):
         graphs.replay(other)
     assert not graphs.can_replay(other)
@@ -122,11 +122,11 @@ def test_replay_refuses_an_unrecorded_shape_and_foreign_arguments(
 
 
 def test_a_budget_too_small_refuses_the_recording(tiny_llama_dir: Path) -> None:
-    engine = tiny_engine(tiny_llama_dir, warm_budget_bytes=16, **MODES["recorded"])
+    engine = tiny_engine(tiny_llama_dir, warm_budget_bytes=16, decode_mode="recorded")
     out = decode_ready(engine, [[5, 17, 3]])
     plan = engine.runner.plan_decode_step(out)
     with pytest.raises(PoolBudgetExceededError, match="budget leaves 16"):
-        engine.runner.graphs.record(plan, engine.pool.view(plan.rows), cold=True)
+        engine.runner.graphs.record(plan, engine.pool.view(plan.seq_ids), cold=True)
 
 
 def test_frozen_call_replays_on_the_recorded_objects_alone() -> None:
@@ -155,7 +155,7 @@ def test_a_stale_frozen_argument_gives_wrong_tokens(tiny_llama_dir: Path) -> Non
     K/V — on a CPU exactly as a CUDA graph would."""
     params = SamplingParams(max_tokens=30, temperature=0, ignore_eos=True)
     engines = [
-        tiny_engine(tiny_llama_dir, width_multiple=64, **MODES["recorded"]) for _ in range(2)
+        tiny_engine(tiny_llama_dir, width_multiple=64, decode_mode="recorded") for _ in range(2)
     ]
     for engine in engines:
         engine.add_request("x", [5, 17, 3, 99, 250], params)
@@ -177,7 +177,7 @@ def test_lazy_recordings_follow_lazy_captures(tiny_llama_dir: Path) -> None:
     """The build log's host table: 2 rows off a 16-token prompt at width multiple 32."""
     for generated, expected in ((8, 1), (32, 2), (64, 3), (128, 5)):
         assert lazy_captures(16, generated, 32) == expected
-        engine = tiny_engine(tiny_llama_dir, width_multiple=32, max_batch=2, **MODES["recorded"])
+        engine = tiny_engine(tiny_llama_dir, width_multiple=32, max_batch=2, decode_mode="recorded")
         params = SamplingParams(max_tokens=generated, temperature=0, ignore_eos=True)
         for i in range(2):
             engine.add_request(f"l{i}", [10 + i] * 16, params)
@@ -188,14 +188,16 @@ def test_lazy_recordings_follow_lazy_captures(tiny_llama_dir: Path) -> None:
 def test_every_recording_writes_the_one_logits_buffer(tiny_llama_dir: Path) -> None:
     """Logits memory does not grow with the number of recordings: each replay's logits are a
     slice of the one static [max_batch, vocab] buffer."""
-    engine = tiny_engine(tiny_llama_dir, **MODES["recorded"], max_model_len=64, width_multiple=16)
+    engine = tiny_engine(
+        tiny_llama_dir, decode_mode="recorded", max_model_len=64, width_multiple=16
+    )
     shapes = warm_shapes(engine.runner.buckets)
-    engine.warm_decode(shapes)
+    warm(engine, shapes)
     graphs = engine.runner.graphs
     buffer = graphs.logits
     assert tuple(buffer.shape) == (8, engine.model.config.vocab_size)
     for shape in shapes:
-        logits = graphs.replay(warmup_batch(engine.runner, shape).plan)
+        logits = graphs.replay(warm_batch(engine.runner.graphs, engine.pool, shape).plan)
         assert logits.data_ptr() == buffer.data_ptr() and logits.shape[0] == shape.rows
-    assert graphs.stats()["logits_buffer_bytes"] == buffer.numel() * 4
+    assert graphs.stats().logits_buffer_bytes == buffer.numel() * 4
     assert graphs.addresses()["logits"] == buffer.data_ptr()

@@ -7,10 +7,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from nanoserve.runtime.checkpoint import load_checkpoint
 from nanoserve.runtime.engine_config import EngineConfig, EngineConfigError
-from nanoserve.runtime.int8_weight import Int8Weight
-from nanoserve.runtime.model import LlamaModel
+from nanoserve.runtime.errors import UnknownQuantizationError
+from nanoserve.runtime.loading.checkpoint import load_checkpoint
+from nanoserve.runtime.model.int8_weight import Int8Weight, check_quantize
+from nanoserve.runtime.model.llama import LlamaModel
 
 
 def test_quantize_rounds_each_weight_once() -> None:
@@ -54,6 +55,11 @@ def test_int8_model_stays_close_to_fp32(tiny_llama_dir: Path) -> None:
     assert rel_error(logits(dtype=torch.float32, quantize="int8"), reference) < 0.07
 
 
-def test_unknown_quantization_is_refused() -> None:
-    with pytest.raises(EngineConfigError, match="quantize"):
+def test_unknown_quantization_is_refused_in_one_place() -> None:
+    message = r"^quantize must be int8 or unset, got 'int4'$"
+    with pytest.raises(EngineConfigError, match=message):
         EngineConfig(quantize="int4")
+    with pytest.raises(UnknownQuantizationError, match=message):
+        check_quantize("int4")
+    check_quantize(None)
+    check_quantize("int8")

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from nanoserve.runtime.engine import RequestError
-from nanoserve.runtime.llm import LLM
-from nanoserve.runtime.sampling_params import SamplingParams
+from nanoserve.runtime.engine.engine import RequestError
+from nanoserve.runtime.engine.llm import LLM
+from nanoserve.runtime.engine.sampling_params import SamplingParams
 
 pytestmark = pytest.mark.usefixtures("single_torch_thread")
 
@@ -70,7 +70,7 @@ def test_generate_per_prompt_params(make_tiny_engine) -> None:
     llm = LLM(engine=make_tiny_engine())
     outputs = llm.generate(["a", "b", "c"], [greedy(1), greedy(3), greedy(5)])
     assert [len(o.outputs[0].token_ids) for o in outputs] == [1, 3, 5]
-    with pytest.raises(ValueError, match="3 prompts but 2 SamplingParams"):
+    with pytest.raises(RequestError, match=r"^3 prompts but 2 SamplingParams$"):
         llm.generate(["a", "b", "c"], [greedy(1), greedy(2)])
 
 
@@ -122,7 +122,7 @@ def test_a_bad_prompt_refuses_the_whole_batch(make_tiny_engine) -> None:
     assert not engine.has_unfinished  # the good prompts were not left queued
     [result] = llm.generate([9, 9], greedy(2))
     assert len(result.outputs[0].token_ids) == 2
-    assert engine.stats()["prompt_tokens"] == 2
+    assert engine.status().prompt_tokens == 2
 
 
 def test_chat_renders_the_template(make_tiny_engine) -> None:
@@ -166,7 +166,7 @@ def test_llm_builds_its_own_engine(tiny_llama_dir: Path) -> None:
     llm = LLM(str(tiny_llama_dir), block_size=4, max_model_len=64, kv_budget_bytes=1 << 20)
     engine = llm.engine
     assert engine.config.max_model_len == 64
-    assert engine.stats()["generation_tokens"] == 0  # the boot request left no trace
+    assert engine.status().generation_tokens == 0  # the boot request left no trace
     [result] = llm.generate("hello", greedy(4))
     assert len(result.outputs[0].token_ids) == 4
     engine.check_blocks()
@@ -176,8 +176,8 @@ def test_llm_builds_its_own_engine(tiny_llama_dir: Path) -> None:
 def test_the_top_level_names_import_as_vllm_users_expect() -> None:
     import nanoserve.runtime as runtime
     from nanoserve.runtime import LLM, SamplingParams
-    from nanoserve.runtime.llm import LLM as DirectLLM
-    from nanoserve.runtime.sampling_params import SamplingParams as DirectParams
+    from nanoserve.runtime.engine.llm import LLM as DirectLLM
+    from nanoserve.runtime.engine.sampling_params import SamplingParams as DirectParams
 
     assert (LLM, SamplingParams) == (DirectLLM, DirectParams)
     assert set(runtime.__all__) >= {"LLM", "SamplingParams", "Engine", "EngineConfig"}

@@ -9,12 +9,12 @@ import pytest
 import torch
 
 from nanoserve.core import BlockTable, PrefillChunk, plan_kv_pool, plan_prefill
-from nanoserve.runtime.checkpoint import Checkpoint, load_checkpoint
-from nanoserve.runtime.engine import Engine
+from nanoserve.runtime.engine.engine import Engine
+from nanoserve.runtime.engine.sampling_params import SamplingParams
 from nanoserve.runtime.engine_config import EngineConfig
-from nanoserve.runtime.kv_pool import KVPool
-from nanoserve.runtime.model import LlamaModel
-from nanoserve.runtime.sampling_params import SamplingParams
+from nanoserve.runtime.loading.checkpoint import Checkpoint, load_checkpoint
+from nanoserve.runtime.model.kv_pool import KVPool
+from nanoserve.runtime.model.llama import LlamaModel
 
 BLOCK = 4
 
@@ -174,12 +174,19 @@ def hf_greedy(model: Any, ids: list[int], steps: int) -> list[int]:
     return out[len(ids) :]
 
 
+@pytest.fixture(scope="module")
+def hf_greedy_tokens(embedded_checkpoint: Checkpoint, hf_reference_model: Any) -> list[list[int]]:
+    """transformers' greedy 32 tokens for each of PROMPTS, computed once for every chunking."""
+    tokenizer = embedded_checkpoint.tokenizer
+    return [hf_greedy(hf_reference_model, tokenizer.encode(text), 32) for text in PROMPTS]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("chunk", [None, 7])
 def test_embedded_greedy_matches_transformers(
     embedded_model: LlamaModel,
     embedded_checkpoint: Checkpoint,
-    hf_reference_model: Any,
+    hf_greedy_tokens: list[list[int]],
     chunk: int | None,
 ) -> None:
     tokenizer = embedded_checkpoint.tokenizer
@@ -195,5 +202,5 @@ def test_embedded_greedy_matches_transformers(
         ids = tokenizer.encode(text)
         engine.add_request(str(index), ids, params)
         got = [t for d in engine.run_until_done() for t in d.token_ids]
-        assert got == hf_greedy(hf_reference_model, ids, 32), text
+        assert got == hf_greedy_tokens[index], text
     engine.check_blocks()

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from nanoserve.runtime.errors import ConfigError, UnsupportedModelError
-from nanoserve.runtime.model_config import ModelConfig, RopeScaling, rope_inv_freq
+from nanoserve.runtime.loading.model_config import ModelConfig, RopeScaling, rope_inv_freq
 
 LLAMA3_SCALING = {
     "rope_type": "llama3",

@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from nanoserve.core import DecodePlan, Shape, SlotTable, warm_shapes
-from nanoserve.runtime.engine import Engine
+from nanoserve.runtime.engine.engine import Engine
 from nanoserve.runtime.engine_config import EngineConfigError
-from nanoserve.runtime.kv_pool import CacheRows
-from tests.runtime.capture_helpers import MODES, run_joining_workload, tiny_engine
+from nanoserve.runtime.model.kv_pool import CacheRows
+from tests.runtime.capture_helpers import run_joining_workload, tiny_engine, warm
 
 
 @pytest.fixture(scope="module")
@@ -21,7 +21,7 @@ def eager_tokens(tiny_llama_dir: Path) -> dict[str, list[int]]:
 
 @pytest.mark.parametrize("mode", ["bucketed", "persistent", "recorded"])
 def test_modes_match_eager(tiny_llama_dir: Path, eager_tokens: dict, mode: str) -> None:
-    engine = tiny_engine(tiny_llama_dir, **MODES[mode])
+    engine = tiny_engine(tiny_llama_dir, decode_mode=mode)
     assert run_joining_workload(engine) == eager_tokens
     assert sum(len(t) for t in eager_tokens.values()) == 6 + 15 + 24 + 20 + 20
 
@@ -45,13 +45,13 @@ def shapes_used(engine: Engine) -> list[Shape]:
 def test_lazy_recordings_are_one_per_shape_not_per_row_set(tiny_llama_dir: Path) -> None:
     """Rows join and leave under a recording: it is made over the empty selection, so a
     changed batch membership replays it. Recordings = shapes used, not steps."""
-    engine = tiny_engine(tiny_llama_dir, **MODES["recorded"])
+    engine = tiny_engine(tiny_llama_dir, decode_mode="recorded")
     used = shapes_used(engine)
     graphs = engine.runner.graphs
     assert graphs is not None
     assert graphs.num_recorded == graphs.num_cold == len(set(used)) < len(used)
     assert graphs.num_replays == len(used) - len(set(used))
-    assert all(r.rows == () for r in graphs.recordings.values())
+    assert all(r.seq_ids == () for r in graphs.recordings.values())
     assert graphs.num_eager_fallback == 0
 
 
@@ -60,9 +60,9 @@ def test_a_warmed_engine_runs_unlisted_shapes_eagerly(
 ) -> None:
     """Nothing is recorded in front of a client: a shape outside the warm list runs eagerly
     and is counted; the tokens are the eager engine's."""
-    engine = tiny_engine(tiny_llama_dir, **MODES["recorded"])
+    engine = tiny_engine(tiny_llama_dir, decode_mode="recorded")
     listed = warm_shapes(engine.runner.buckets, max_rows=2)
-    engine.warm_decode(listed)
+    warm(engine, listed)
     graphs = engine.runner.graphs
     assert graphs is not None
     before = graphs.num_recorded
@@ -71,37 +71,39 @@ def test_a_warmed_engine_runs_unlisted_shapes_eagerly(
     assert outside and graphs.num_eager_fallback == len(outside)
     assert graphs.num_recorded == before and graphs.num_cold == 0
     assert graphs.num_replays == len(used) - len(outside)
-    engine2 = tiny_engine(tiny_llama_dir, **MODES["recorded"])
-    engine2.warm_decode(listed)
+    engine2 = tiny_engine(tiny_llama_dir, decode_mode="recorded")
+    warm(engine2, listed)
     assert run_joining_workload(engine2) == eager_tokens
 
 
 def test_persistent_inputs_never_move(tiny_llama_dir: Path) -> None:
-    engine = tiny_engine(tiny_llama_dir, **MODES["persistent"])
+    engine = tiny_engine(tiny_llama_dir, decode_mode="persistent")
     runner = engine.runner
-    assert isinstance(runner.table, SlotTable) and runner.buffers is not None
-    before = (runner.table.address, runner.buffers.addresses())
+    inputs = runner.inputs
+    assert inputs is not None and isinstance(inputs.table, SlotTable)
+    before = (inputs.table.address, inputs.buffers.addresses())
     run_joining_workload(engine)
-    assert (runner.table.address, runner.buffers.addresses()) == before
+    assert (inputs.table.address, inputs.buffers.addresses()) == before
 
 
-def test_modes_build_on_each_other() -> None:
+def test_an_unknown_decode_mode_is_named() -> None:
     from nanoserve.runtime.engine_config import EngineConfig
 
-    with pytest.raises(EngineConfigError, match="persist_inputs needs bucket_decode"):
-        EngineConfig(persist_inputs=True)
-    with pytest.raises(EngineConfigError, match="capture_decode needs persist_inputs"):
-        EngineConfig(bucket_decode=True, capture_decode=True)
+    with pytest.raises(
+        EngineConfigError,
+        match=r"^decode_mode must be one of eager, bucketed, persistent, recorded, got 'captured'$",
+    ):
+        EngineConfig(decode_mode="captured")
 
 
 def test_bfloat16_is_batch_invariant_without_float64(tiny_llama_dir: Path) -> None:
     """bf16 attention runs in bf16 (oneDNN's kernels are invariant): alone == batched ==
     recorded, tokens and logprobs, with no float64 anywhere."""
-    from nanoserve.runtime.checkpoint import load_checkpoint
-    from nanoserve.runtime.engine import Engine
+    from nanoserve.runtime.engine.engine import Engine
+    from nanoserve.runtime.engine.sampling_params import SamplingParams
     from nanoserve.runtime.engine_config import EngineConfig
-    from nanoserve.runtime.model import LlamaModel
-    from nanoserve.runtime.sampling_params import SamplingParams
+    from nanoserve.runtime.loading.checkpoint import load_checkpoint
+    from nanoserve.runtime.model.llama import LlamaModel
 
     checkpoint = load_checkpoint(tiny_llama_dir)
     model = LlamaModel.from_tensors(
@@ -128,4 +130,4 @@ def test_bfloat16_is_batch_invariant_without_float64(tiny_llama_dir: Path) -> No
     prompts = [[5, 17, 3, 99, 250, 31, 7], [120, 64, 8], [9] * 20, [3, 1, 4, 1, 5, 9, 2, 6]]
     alone = run(prompts[:1])["0"]
     assert run(prompts)["0"] == alone
-    assert run(prompts, **MODES["recorded"])["0"] == alone
+    assert run(prompts, decode_mode="recorded")["0"] == alone

@@ -8,8 +8,8 @@ from collections import Counter
 import pytest
 import torch
 
-from nanoserve.runtime.sampler import SampleRow, sample
-from nanoserve.runtime.sampling_params import SamplingParams
+from nanoserve.runtime.engine.sampler import SampleRow, sample
+from nanoserve.runtime.engine.sampling_params import SamplingParams
 
 pytestmark = pytest.mark.usefixtures("single_torch_thread")
 

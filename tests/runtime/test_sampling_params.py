@@ -6,7 +6,11 @@ import math
 
 import pytest
 
-from nanoserve.runtime.sampling_params import MAX_TOP_LOGPROBS, SamplingParams, SamplingParamsError
+from nanoserve.runtime.engine.sampling_params import (
+    MAX_TOP_LOGPROBS,
+    SamplingParams,
+    SamplingParamsError,
+)
 
 
 def test_defaults_are_valid_and_sampled() -> None:

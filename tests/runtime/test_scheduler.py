@@ -12,12 +12,12 @@ import random
 import pytest
 
 from nanoserve.core import BlockTable
-from nanoserve.runtime.block_manager import BlockManager
-from nanoserve.runtime.checkpoint import Checkpoint
-from nanoserve.runtime.sampling_params import SamplingParams
-from nanoserve.runtime.scheduler import QueueFullError, Scheduler, SchedulerOutput
-from nanoserve.runtime.sequence import Sequence, Status
-from nanoserve.runtime.tokenizer import IncrementalDetokenizer
+from nanoserve.runtime.engine.block_manager import BlockManager
+from nanoserve.runtime.engine.sampling_params import SamplingParams
+from nanoserve.runtime.engine.scheduler import QueueFullError, Scheduler, SchedulerOutput
+from nanoserve.runtime.engine.sequence import Sequence, Status
+from nanoserve.runtime.loading.checkpoint import Checkpoint
+from nanoserve.runtime.text.tokenizer import IncrementalDetokenizer
 
 BS = 4
 TOKEN = 100  # what the fake sampler always draws (not eos)

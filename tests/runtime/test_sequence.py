@@ -9,10 +9,10 @@ from __future__ import annotations
 import pytest
 
 from nanoserve.core import BlockTable
-from nanoserve.runtime.checkpoint import Checkpoint
-from nanoserve.runtime.sampling_params import SamplingParams
-from nanoserve.runtime.sequence import Sequence, Status
-from nanoserve.runtime.tokenizer import IncrementalDetokenizer
+from nanoserve.runtime.engine.sampling_params import SamplingParams
+from nanoserve.runtime.engine.sequence import Sequence, Status
+from nanoserve.runtime.loading.checkpoint import Checkpoint
+from nanoserve.runtime.text.tokenizer import IncrementalDetokenizer
 
 HE, LLO, W, ORLD, COMMA, THE = 259, 272, 269, 300, 14, 271
 EOS = 2

@@ -15,11 +15,11 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from nanoserve.core import DecodeBuffers, SlotTable, StepFootprint, plan_kv_pool, warmup_plan
-from nanoserve.runtime.checkpoint import Checkpoint
-from nanoserve.runtime.kv_pool import KVPool
-from nanoserve.runtime.memory import keep_freed_memory
-from nanoserve.runtime.model import LlamaModel
+from nanoserve.core import DecodeBuffers, SlotTable, StepFootprint, padding_plan, plan_kv_pool
+from nanoserve.runtime.loading.checkpoint import Checkpoint
+from nanoserve.runtime.model.kv_pool import KVPool
+from nanoserve.runtime.model.llama import LlamaModel
+from nanoserve.runtime.model.memory import keep_freed_memory
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="mallinfo2 is glibc's")
 
@@ -90,7 +90,7 @@ def test_measured_peaks_sit_just_under_the_formula(
     ratios = []
     with torch.inference_mode():
         for rows, width in ((4, 512), (8, 1024), (32, 1024)):
-            plan = buffers.load(warmup_plan(rows, width, table=table))
+            plan = buffers.load(padding_plan(rows, width, table=table))
             model.forward(plan, pool.warm())  # first touches: the pool, arenas, MKL's buffers
             for _ in range(2):  # the first run under a dispatch mode sets up ~25 MB of its own
                 with PeakBytes() as peak:

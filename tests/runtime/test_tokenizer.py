@@ -11,9 +11,9 @@ import tokenizers
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nanoserve.runtime.checkpoint import Checkpoint, load_checkpoint
 from nanoserve.runtime.errors import TokenizerError
-from nanoserve.runtime.tokenizer import IncrementalDetokenizer, Tokenizer
+from nanoserve.runtime.loading.checkpoint import Checkpoint, load_checkpoint
+from nanoserve.runtime.text.tokenizer import IncrementalDetokenizer, Tokenizer
 
 TINY_VOCAB_SIZE = 320  # conftest's tiny tokenizer (asserted below)
 TRICKY = [

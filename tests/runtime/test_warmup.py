@@ -16,54 +16,55 @@ from nanoserve.core.errors import GeometryError
 from nanoserve.core.warm_gates import (
     ColdCaptureError,
     TableMovedError,
+    WarmBudgetError,
     WarmRowsNotEmptyError,
     WarmTouchedPoolError,
     WarmWriteNotSinkError,
     check_no_cold_captures,
+    check_warm_budget,
     check_warm_rows_empty,
     check_warm_touches_nothing,
     check_warm_writes_sink,
 )
 from nanoserve.core.warm_list import RecordingCost, fit_recording_cost, warm_estimate
-from nanoserve.runtime.build import plan_warm
-from nanoserve.runtime.checkpoint import load_checkpoint
-from nanoserve.runtime.engine import Engine
+from nanoserve.runtime.decode.graphs import FrozenCallBackend, Guard, StepFn
+from nanoserve.runtime.decode.warmup import WarmEstimate, WarmupCancelled, warm_batch
+from nanoserve.runtime.engine.engine import Engine
+from nanoserve.runtime.engine.sampling_params import SamplingParams
 from nanoserve.runtime.engine_config import EngineConfig
-from nanoserve.runtime.graphs import FrozenCallBackend, Guard, StepFn
-from nanoserve.runtime.kv_pool import CacheRows, EmptySelectionError
-from nanoserve.runtime.model import LlamaModel
-from nanoserve.runtime.sampling_params import SamplingParams
-from nanoserve.runtime.warmup import WarmEstimate, WarmupCancelled, warmup_batch
-from tests.runtime.capture_helpers import MODES, run_joining_workload, tiny_engine
+from nanoserve.runtime.loading.checkpoint import load_checkpoint
+from nanoserve.runtime.model.kv_pool import CacheRows, EmptySelectionError
+from nanoserve.runtime.model.llama import LlamaModel
+from tests.runtime.capture_helpers import run_joining_workload, tiny_engine, warm
 
 WARM = {"max_model_len": 64, "width_multiple": 16, "max_batch": 4}
 
 
 def warmed(model_dir: Path, **config: object) -> Engine:
-    engine = tiny_engine(model_dir, **{**WARM, **MODES["recorded"], **config})
-    engine.warm_decode(warm_shapes(engine.runner.buckets))
+    engine = tiny_engine(model_dir, **{**WARM, "decode_mode": "recorded", **config})
+    warm(engine, warm_shapes(engine.runner.buckets))
     return engine
 
 
 def test_warm_batch_is_all_padding_on_the_real_storage(tiny_llama_dir: Path) -> None:
-    engine = tiny_engine(tiny_llama_dir, **WARM, **MODES["recorded"])
-    runner = engine.runner
-    batch = warmup_batch(runner, Shape(4, 32))
+    engine = tiny_engine(tiny_llama_dir, **WARM, decode_mode="recorded")
+    graphs = engine.runner.graphs
+    batch = warm_batch(graphs, engine.pool, Shape(4, 32))
     plan = batch.plan
-    assert plan.rows == () and plan.pad_rows == 4 and batch.cache.rows == ()
+    assert plan.seq_ids == () and plan.pad_rows == 4 and batch.cache.seq_ids == ()
     assert plan.write_slots.tolist() == [engine.pool_plan.sink_slot] * 4
     assert plan.context_lens.tolist() == [0, 0, 0, 0]
-    assert plan.slot_rect.data_ptr() == runner.table.address
-    assert plan.input_ids.data_ptr() == runner.buffers.input_ids.data_ptr()
+    assert plan.slot_rect.data_ptr() == graphs.table.address
+    assert plan.input_ids.data_ptr() == graphs.buffers.input_ids.data_ptr()
 
 
 def test_an_empty_selection_is_legal_only_where_a_warm_batch_reaches(tiny_llama_dir: Path) -> None:
-    engine = tiny_engine(tiny_llama_dir, **WARM, **MODES["recorded"])
+    engine = tiny_engine(tiny_llama_dir, **WARM, decode_mode="recorded")
     with pytest.raises(EmptySelectionError):
         engine.pool.view(())  # a scheduled view over no rows
     with pytest.raises(GeometryError, match="pad_rows > 0"):
-        engine.runner.table.read((), 0, 16)
-    assert engine.pool.warm().rows == ()
+        engine.runner.graphs.table.read((), 0, 16)
+    assert engine.pool.warm().seq_ids == ()
 
 
 def test_warm_list_is_recorded_biggest_first(tiny_llama_dir: Path) -> None:
@@ -75,22 +76,22 @@ def test_warm_list_is_recorded_biggest_first(tiny_llama_dir: Path) -> None:
     assert report.shapes[0] == Shape(4, 64) and report.shapes[-1] == Shape(1, 16)
     assert len(report.seconds) == 12 and report.total_seconds >= sum(report.seconds) * 0.99
     graphs = engine.runner.graphs
-    assert graphs.num_cold == 0 and all(r.rows == () for r in graphs.recordings.values())
+    assert graphs.num_cold == 0 and all(r.seq_ids == () for r in graphs.recordings.values())
 
 
 def test_pool_is_resident_after_warmup(tiny_llama_dir: Path) -> None:
-    engine = tiny_engine(tiny_llama_dir, **WARM, **MODES["recorded"])
+    engine = tiny_engine(tiny_llama_dir, **WARM, decode_mode="recorded")
     assert not engine.pool.resident
-    engine.warm_decode((Shape(1, 16),))
+    warm(engine, (Shape(1, 16),))
     assert engine.pool.resident
 
 
 def test_warmed_tokens_equal_unwarmed_and_eager(tiny_llama_dir: Path) -> None:
     eager = run_joining_workload(tiny_engine(tiny_llama_dir, **WARM))
-    lazy = run_joining_workload(tiny_engine(tiny_llama_dir, **WARM, **MODES["recorded"]))
+    lazy = run_joining_workload(tiny_engine(tiny_llama_dir, **WARM, decode_mode="recorded"))
     engine = warmed(tiny_llama_dir)
-    warm = run_joining_workload(engine)
-    assert warm == lazy == eager
+    warmed_tokens = run_joining_workload(engine)
+    assert warmed_tokens == lazy == eager
     graphs = engine.runner.graphs
     check_no_cold_captures(graphs.num_cold)  # no recording in front of a client
     assert graphs.num_replays > 0 and graphs.num_recorded == 12
@@ -100,27 +101,28 @@ def test_a_warmed_run_across_many_widths_records_nothing(tiny_llama_dir: Path) -
     config = {"width_multiple": 8, "max_batch": 2, "max_model_len": 160}
     params = SamplingParams(max_tokens=128, temperature=0, ignore_eos=True)
     counts = {}
-    for warm in (False, True):
-        engine = tiny_engine(tiny_llama_dir, **config, **MODES["recorded"])
-        if warm:
-            engine.warm_decode(warm_shapes(engine.runner.buckets))
+    for warmed_first in (False, True):
+        engine = tiny_engine(tiny_llama_dir, **config, decode_mode="recorded")
+        if warmed_first:
+            warm(engine, warm_shapes(engine.runner.buckets))
         before = engine.runner.graphs.num_recorded
         for i in range(2):
             engine.add_request(f"w{i}", [20 + i] * 16, params)
         engine.run_until_done()
-        counts[warm] = (engine.runner.graphs.num_cold, engine.runner.graphs.num_recorded - before)
+        graphs = engine.runner.graphs
+        counts[warmed_first] = (graphs.num_cold, graphs.num_recorded - before)
     assert counts[False] == (lazy_captures(16, 128, 8),) * 2 == (16, 16)
     assert counts[True] == (0, 0)
 
 
 def test_warmup_touches_no_real_slot_with_live_kv_resident(tiny_llama_dir: Path) -> None:
-    engine = tiny_engine(tiny_llama_dir, **WARM, **MODES["recorded"])
+    engine = tiny_engine(tiny_llama_dir, **WARM, decode_mode="recorded")
     params = SamplingParams(max_tokens=5, temperature=0, ignore_eos=True)
     engine.add_request("live", [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5], params)
     engine.step()
     engine.step()  # live K/V resident, the sequence still running
     before = engine.pool.snapshot()
-    engine.warm_decode(warm_shapes(engine.runner.buckets))  # gated inside: would raise
+    warm(engine, warm_shapes(engine.runner.buckets))  # gated inside: would raise
     after = engine.pool.pools()
     n = engine.pool_plan.num_slots
     assert all(torch.equal(a[:n], b[:n]) for a, b in zip(before, after, strict=True))
@@ -133,10 +135,10 @@ def test_warmup_touches_no_real_slot_with_live_kv_resident(tiny_llama_dir: Path)
 
 
 def test_warm_gates_fail_on_a_warm_batch_built_wrong(tiny_llama_dir: Path) -> None:
-    engine = tiny_engine(tiny_llama_dir, **WARM, **MODES["recorded"])
-    plan = warmup_batch(engine.runner, Shape(2, 16)).plan
+    engine = tiny_engine(tiny_llama_dir, **WARM, decode_mode="recorded")
+    plan = warm_batch(engine.runner.graphs, engine.pool, Shape(2, 16)).plan
     with pytest.raises(WarmRowsNotEmptyError):
-        check_warm_rows_empty(replace(plan, rows=(7,), pad_rows=1))
+        check_warm_rows_empty(replace(plan, seq_ids=(7,), pad_rows=1))
     aimed = plan.write_slots.clone()
     aimed[0] = 3  # a real slot
     with pytest.raises(WarmWriteNotSinkError):
@@ -144,33 +146,29 @@ def test_warm_gates_fail_on_a_warm_batch_built_wrong(tiny_llama_dir: Path) -> No
     # Rows not empty trips the capture gate's sink clause too.
     with pytest.raises(PadNotInertError):
         engine.runner.graphs.record(
-            replace(plan, rows=(7,), pad_rows=1), engine.pool.warm(), cold=False
+            replace(plan, seq_ids=(7,), pad_rows=1), engine.pool.warm(), cold=False
         )
     with pytest.raises(ColdCaptureError):
         check_no_cold_captures(1)
 
 
 def test_a_moved_table_fails_the_warm_up(tiny_llama_dir: Path) -> None:
-    engine = tiny_engine(tiny_llama_dir, **WARM, **MODES["recorded"])
-    runner = engine.runner
-    moved: SlotTable = runner.table.to("cpu")
-    original = runner.table
+    engine = tiny_engine(tiny_llama_dir, **WARM, decode_mode="recorded")
+    graphs = engine.runner.graphs
+    moved: SlotTable = graphs.table.to("cpu")
+    original = graphs.table
 
     class MovingTable:
-        """The table as warm_decode sees it: its address changes after the first look."""
-
-        def __init__(self) -> None:
-            self.looks = 0
+        """The table as the warm-up sees it: it moves once the list has been recorded."""
 
         def __getattr__(self, name: str) -> object:
             if name == "address":
-                self.looks += 1
-                return original.address if self.looks == 1 else moved.address
+                return moved.address if graphs.num_recorded else original.address
             return getattr(original, name)
 
-    runner.table = MovingTable()  # type: ignore[assignment]
+    graphs.table = MovingTable()  # type: ignore[assignment]
     with pytest.raises(TableMovedError):
-        engine.warm_decode((Shape(1, 16),))
+        warm(engine, (Shape(1, 16),))
 
 
 def test_touched_pool_is_named(tiny_llama_dir: Path) -> None:
@@ -183,36 +181,48 @@ def test_touched_pool_is_named(tiny_llama_dir: Path) -> None:
 
 def test_budget_trims_the_widest_shapes(tiny_llama_dir: Path) -> None:
     """The memory budget holds a step's real peak (StepFootprint), at the list's widest rows."""
-    probe = tiny_engine(tiny_llama_dir, **WARM, **MODES["recorded"])
+    probe = tiny_engine(tiny_llama_dir, **WARM, decode_mode="recorded")
     budget = probe.runner.footprint.peak_bytes(4, 40)  # fits width 40 at 4 rows, not 41
-    engine = tiny_engine(tiny_llama_dir, **WARM, **MODES["recorded"], warm_budget_bytes=budget)
-    plan, shapes, skipped = plan_warm(engine)
-    assert plan.width_ceiling == 40 and plan.budget_bytes == budget
-    assert all(s.width <= 32 for s in shapes)  # widths 16, 32 of 16, 32, 48, 64
-    assert len(shapes) + len(skipped) == 12 and len(skipped) == 6
+    engine = tiny_engine(tiny_llama_dir, **WARM, decode_mode="recorded", warm_budget_bytes=budget)
+    plan = engine.plan_warm()
+    assert plan.width_ceiling == 40 and plan.budget_bytes == budget and plan.max_width == 40
+    assert all(s.width <= 32 for s in plan.shapes)  # widths 16, 32 of 16, 32, 48, 64
+    assert len(plan.shapes) + len(plan.skipped) == 12 and len(plan.skipped) == 6
     # A budget caps the widest shape; it does not otherwise shorten the list.
-    assert {s.rows for s in shapes} == {1, 2, 4}
-    assert all(why.startswith("wider than the budget") for _, why in skipped)
+    assert {s.rows for s in plan.shapes} == {1, 2, 4}
+    assert {why for _, why in plan.skipped} == {
+        "wider than the budget's width ceiling of 40 tokens"
+    }
+    # The warm-up's budget gate holds the plan to it, and names a list that breaks it.
+    check_warm_budget(plan.shapes, engine.runner.footprint, budget)
+    needed = engine.runner.footprint.peak_bytes(4, 64)
+    with pytest.raises(
+        WarmBudgetError,
+        match=rf"^shape Shape\(rows=4, width=64\) needs {needed} bytes at its peak; the budget is {budget}$",
+    ):
+        warm(engine, warm_shapes(engine.runner.buckets))
+    assert engine.runner.graphs.num_recorded == 0
 
 
 # --- pricing, the time budget, and cancelling ----------------------------------------------------
 
 
 def test_the_warm_up_is_priced_before_it_is_paid(tiny_llama_dir: Path) -> None:
-    engine = tiny_engine(tiny_llama_dir, **WARM, **MODES["recorded"])
+    engine = tiny_engine(tiny_llama_dir, **WARM, decode_mode="recorded")
     shapes = warm_shapes(engine.runner.buckets)
     said: list[WarmEstimate] = []
-    report = engine.warm_decode(shapes, announce=said.append)
+    report = warm(engine, shapes, announce=lambda _, estimate: said.append(estimate))
     # Announced once, after the two probes and before anything else was recorded.
     (estimate,) = said
     assert [s for s, _ in estimate.probes] == [Shape(4, 64), Shape(1, 16)]
-    assert estimate.shapes == shapes and estimate.skipped == () and estimate.time_ceiling is None
+    # The default time budget (30 s on a CPU) keeps the whole list of this tiny model.
+    assert estimate.shapes == shapes and estimate.skipped == () and estimate.time_ceiling == 64
     assert estimate.cost == fit_recording_cost(
         Shape(1, 16), estimate.probes[1][1], Shape(4, 64), estimate.probes[0][1]
     )
     # The estimate: the pool and the probes as measured, the other ten as predicted.
     assert (
-        report.estimated_seconds
+        report.estimate.seconds
         == estimate.seconds
         == estimate.pool_seconds + warm_estimate(shapes, estimate.cost, dict(estimate.probes))
     )
@@ -225,20 +235,21 @@ def test_the_warm_up_is_priced_before_it_is_paid(tiny_llama_dir: Path) -> None:
     )
     body = report.as_dict()
     assert body["estimated_seconds"] == round(estimate.seconds, 4)
-    assert body["probes"][0]["shape"] == [4, 64] and body["budget_seconds"] is None
+    assert body["probes"][0]["shape"] == [4, 64] and body["budget_seconds"] == 30.0
 
 
 def test_a_tiny_time_budget_trims_every_width_and_drops_the_probes(tiny_llama_dir: Path) -> None:
-    engine = tiny_engine(tiny_llama_dir, **WARM, **MODES["recorded"])
+    engine = tiny_engine(tiny_llama_dir, **WARM, decode_mode="recorded", warm_seconds=1e-6)
     shapes = warm_shapes(engine.runner.buckets)
-    report = engine.warm_decode(shapes, budget_seconds=1e-6)
-    assert report.shapes == () and report.time_ceiling == 0
+    report = warm(engine, shapes)
+    assert report.shapes == () and report.estimate.time_ceiling == 0
     assert report.skipped == tuple((s, "over the time budget of 1e-06 s") for s in shapes)
     assert report.num_over_time == 12
     # The two probes were recorded, then discarded: nothing outside the list is kept.
     assert engine.runner.graphs.num_recorded == 2 and engine.runner.graphs.recordings == {}
     # What was paid is still the estimate: the pool and both probes.
-    assert report.estimated_seconds == report.pool_seconds + sum(t for _, t in report.probes)
+    estimate = report.estimate
+    assert estimate.seconds == estimate.pool_seconds + sum(t for _, t in estimate.probes)
 
 
 class PacedBackend(FrozenCallBackend):
@@ -262,19 +273,20 @@ class PacedBackend(FrozenCallBackend):
 def test_a_time_budget_trims_the_widest_shapes_first(tiny_llama_dir: Path) -> None:
     checkpoint = load_checkpoint(tiny_llama_dir)
     model = LlamaModel.from_tensors(checkpoint.config, checkpoint.tensors(), max_positions=256)
-    config = EngineConfig(**WARM, **MODES["recorded"], block_size=4, kv_budget_bytes=1 << 22)
+    config = EngineConfig(
+        **WARM, decode_mode="recorded", block_size=4, kv_budget_bytes=1 << 22, warm_seconds=0.3
+    )
     paced = PacedBackend()
     engine = Engine(model, checkpoint.tokenizer, config, backend=paced)
     shapes = warm_shapes(engine.runner.buckets)
     memory_skipped = ((Shape(8, 64), "wider than the budget's width ceiling of 0 tokens"),)
     # Per width w, rows 1 + 2 + 4 cost 3/64 + 7w/4096 s: widths up to 32 cost 0.17578125 s, up
     # to 48 0.3046875 s, each plus the 4x64 probe's 0.078125 s, spent before the trim drops it.
-    report = engine.warm_decode(
-        shapes, budget_seconds=0.3, skipped=memory_skipped, clock=paced.clock
-    )
-    assert report.probes == ((Shape(4, 64), 0.078125), (Shape(1, 16), 0.01953125))
-    assert report.cost == RecordingCost(1 / 64, 1 / 4096)
-    assert report.time_ceiling == 32
+    report = warm(engine, shapes, skipped=memory_skipped, clock=paced.clock)
+    estimate = report.estimate
+    assert estimate.probes == ((Shape(4, 64), 0.078125), (Shape(1, 16), 0.01953125))
+    assert estimate.cost == RecordingCost(1 / 64, 1 / 4096)
+    assert estimate.time_ceiling == 32 and report.max_width == 32
     assert report.shapes == warm_shapes(engine.runner.buckets, max_width=32)
     over = tuple((s, "over the time budget of 0.3 s") for s in shapes if s.width > 32)
     assert report.skipped == (*memory_skipped, *over) and report.num_over_time == 6
@@ -282,20 +294,20 @@ def test_a_time_budget_trims_the_widest_shapes_first(tiny_llama_dir: Path) -> No
     assert {s.rows for s in report.shapes} == {1, 2, 4}
     assert set(engine.runner.graphs.recordings) == set(report.shapes)
     # On an exact line the estimate is the actual: the dropped probe, then six shapes.
-    assert report.estimated_seconds == report.total_seconds == 0.078125 + 0.17578125
-    assert report.pool_seconds == 0.0 and report.as_dict()["time_ceiling"] == 32
+    assert estimate.seconds == report.total_seconds == 0.078125 + 0.17578125
+    assert estimate.pool_seconds == 0.0 and report.as_dict()["time_ceiling"] == 32
 
 
 def test_a_set_event_stops_the_warm_up_between_recordings(tiny_llama_dir: Path) -> None:
-    engine = tiny_engine(tiny_llama_dir, **WARM, **MODES["recorded"])
+    engine = tiny_engine(tiny_llama_dir, **WARM, decode_mode="recorded")
     shapes = warm_shapes(engine.runner.buckets)
     cancel = threading.Event()
     # A shutdown arriving while the estimate is said: the probes are done, nothing more is.
     with pytest.raises(WarmupCancelled, match=r"^boot stopped after 2 of 12 warm recordings$"):
-        engine.warm_decode(shapes, cancel=cancel, announce=lambda _: cancel.set())
+        warm(engine, shapes, cancel=cancel, announce=lambda *_: cancel.set())
     assert engine.runner.graphs.num_recorded == 2 and engine.warm_report is None
     # Set before the start: not even the pool is made resident.
-    fresh = tiny_engine(tiny_llama_dir, **WARM, **MODES["recorded"])
+    fresh = tiny_engine(tiny_llama_dir, **WARM, decode_mode="recorded")
     with pytest.raises(WarmupCancelled, match=r"^boot stopped before the warm-up$"):
-        fresh.warm_decode(shapes, cancel=cancel)
+        warm(fresh, shapes, cancel=cancel)
     assert fresh.runner.graphs.num_recorded == 0 and not fresh.pool.resident

@@ -7,7 +7,7 @@ import hmac
 from litestar import Litestar, Response, get
 from litestar.connection import ASGIConnection
 from litestar.datastructures import State
-from litestar.di import Provide
+from litestar.di import NamedDependency, Provide
 from litestar.exceptions import NotAuthorizedException
 from litestar.handlers.base import BaseRouteHandler
 from litestar.openapi import OpenAPIConfig
@@ -16,6 +16,7 @@ from nanoserve.api.errors import EXCEPTION_HANDLERS
 from nanoserve.api.openai_routes import OpenAIController
 from nanoserve.api.settings import ServerSettings
 from nanoserve.api.state import ServerState
+from nanoserve.runtime.engine.engine_status import EngineStatus
 
 
 def require_api_key(connection: ASGIConnection, handler: BaseRouteHandler) -> None:
@@ -32,7 +33,7 @@ def require_api_key(connection: ASGIConnection, handler: BaseRouteHandler) -> No
 
 
 @get("/health", opt={"public": True}, sync_to_thread=False)
-def health(server: ServerState) -> Response[dict]:
+def health(server: NamedDependency[ServerState]) -> Response[dict]:
     """503 until the engine is warm and has run one real forward; then its two sizing plans."""
     if server.engine is None:
         body = {
@@ -41,23 +42,26 @@ def health(server: ServerState) -> Response[dict]:
             "error": server.boot_error,
         }
         return Response(body, status_code=503, headers={"Retry-After": "2"})
-    engine = server.engine.engine
-    report = engine.warm_report
-    body = {
+    return Response(health_body(server.engine.status()))
+
+
+def health_body(status: EngineStatus) -> dict[str, object]:
+    """A ready engine, as /health reports it: what it serves, and its pool and warm-up plans."""
+    return {
         "status": "ok",
-        "model": engine.name,
-        "dtype": engine.config.dtype,
-        "device": engine.config.device,
-        "ready_seconds": engine.ready_seconds,
-        "kv_pool": {**engine.pool_plan.as_dict(), "blocks_in_use": engine.blocks.num_in_use},
-        "warm": report.as_dict() if report is not None else None,
-        "capture": engine.runner.graphs.stats() if engine.runner.graphs else None,
+        "model": status.model,
+        "dtype": status.dtype,
+        "device": status.device,
+        "decode_mode": status.decode_mode,
+        "ready_seconds": status.ready_seconds,
+        "kv_pool": {**status.pool.as_dict(), "blocks_in_use": status.blocks_in_use},
+        "warm": status.warm.as_dict() if status.warm is not None else None,
+        "capture": status.graphs.as_dict() if status.graphs is not None else None,
     }
-    return Response(body)
 
 
 @get("/metrics", sync_to_thread=False, media_type="text/plain; version=0.0.4")
-def metrics(server: ServerState) -> Response[bytes]:
+def metrics(server: NamedDependency[ServerState]) -> Response[bytes]:
     return Response(server.metrics.render(), media_type="text/plain; version=0.0.4")
 
 

@@ -41,7 +41,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         dest="warm",
         action="store_false",
         default=None,
-        help="with --capture: record lazily, in front of clients",
+        help="when recorded: record lazily, in front of clients",
     )
 
     generate = commands.add_parser("generate", help="one answer in the terminal")
@@ -83,7 +83,7 @@ def _settings(args: argparse.Namespace) -> ServerSettings:
 
 def _check_model(model: str | None) -> None:
     """Fail before the port opens: a path that is not there, or no embedded model."""
-    from nanoserve.runtime.embedded import embedded_model_path
+    from nanoserve.runtime.loading.embedded import embedded_model_path
 
     if model is None:
         embedded_model_path()
@@ -150,9 +150,9 @@ def _graceful_server_class() -> type:
 
 
 def _generate(args: argparse.Namespace) -> int:
-    from nanoserve.runtime.build import build_engine
-    from nanoserve.runtime.llm import LLM
-    from nanoserve.runtime.sampling_params import SamplingParams
+    from nanoserve.runtime.engine.build import build_engine
+    from nanoserve.runtime.engine.llm import LLM
+    from nanoserve.runtime.engine.sampling_params import SamplingParams
 
     settings = _settings(args)
     _check_model(settings.engine.model)
@@ -170,7 +170,7 @@ def _generate(args: argparse.Namespace) -> int:
 
 
 def _convert(args: argparse.Namespace) -> int:
-    from nanoserve.runtime.convert import convert_gguf
+    from nanoserve.runtime.loading.convert import convert_gguf
 
     out = convert_gguf(args.gguf, args.out_dir)
     print(f"wrote {out}")

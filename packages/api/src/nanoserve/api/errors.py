@@ -8,11 +8,11 @@ from litestar import Request, Response
 from litestar.exceptions import HTTPException, ValidationException
 
 from nanoserve.api.schemas import ErrorInfo, ErrorResponse
-from nanoserve.runtime.async_engine import EngineClosedError, EngineDeadError
-from nanoserve.runtime.engine import RequestError
+from nanoserve.runtime.engine.async_engine import EngineClosedError, EngineDeadError
+from nanoserve.runtime.engine.engine import RequestError
+from nanoserve.runtime.engine.sampling_params import SamplingParamsError
+from nanoserve.runtime.engine.scheduler import QueueFullError
 from nanoserve.runtime.errors import ChatTemplateError
-from nanoserve.runtime.sampling_params import SamplingParamsError
-from nanoserve.runtime.scheduler import QueueFullError
 
 log = logging.getLogger("nanoserve.api")
 

@@ -9,30 +9,52 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 
 from litestar import Request
 
+from nanoserve.api.engine_client import DeltaStream, EngineClient
 from nanoserve.api.errors import APIError
-from nanoserve.runtime.async_engine import RequestStream
-from nanoserve.runtime.sequence import Delta
+from nanoserve.runtime.engine.sampling_params import SamplingParams
+from nanoserve.runtime.engine.sequence import Delta
 
 
 class MergedStream:
     """Deltas of several engine requests as one stream. Each was validated and queued when
     submitted, so refusals (a full queue, a bad prompt) surfaced before any byte was sent."""
 
-    def __init__(self, streams: list[RequestStream]) -> None:
+    def __init__(self, streams: list[DeltaStream]) -> None:
         self._streams = streams
         self._queue: asyncio.Queue[tuple[int, Delta] | BaseException | None] = asyncio.Queue()
         self._tasks: list[asyncio.Task[None]] = []
         self._live = len(streams)
 
+    @classmethod
+    async def submit(
+        cls,
+        engine: EngineClient,
+        requests: Sequence[tuple[str, Sequence[int]]],
+        params: SamplingParams,
+    ) -> MergedStream:
+        """Submit every (request id, prompt ids) and start merging. A refusal of any (a full
+        queue, a bad prompt) closes those already submitted, so none is left running."""
+        streams: list[DeltaStream] = []
+        try:
+            for request_id, prompt_ids in requests:
+                streams.append(engine.submit(request_id, prompt_ids, params))
+        except BaseException:
+            for stream in streams:
+                await stream.aclose()
+            raise
+        merged = cls(streams)
+        merged.start()
+        return merged
+
     def start(self) -> None:
         for index, stream in enumerate(self._streams):
             self._tasks.append(asyncio.create_task(self._pump(index, stream)))
 
-    async def _pump(self, index: int, stream: RequestStream) -> None:
+    async def _pump(self, index: int, stream: DeltaStream) -> None:
         try:
             async for delta in stream:
                 self._queue.put_nowait((index, delta))

@@ -15,102 +15,116 @@ from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from nanoserve.runtime.async_engine import AsyncEngine, RequestTimes
+from nanoserve.api.engine_client import EngineClient
+from nanoserve.runtime.decode.graphs import GraphStats
+from nanoserve.runtime.engine.async_engine import RequestTimes
 
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 TOKEN_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+PREFIX = "nanoserve:"
+FINISH_REASONS = ("stop", "length", "abort")
+# A decode mode that records nothing still exports the graph series, as zeros: a dashboard's
+# query must not vanish with the mode.
+NO_GRAPHS = GraphStats(
+    backend="none",
+    recordings=0,
+    cold_recordings=0,
+    replays=0,
+    eager_fallback_steps=0,
+    shapes=0,
+    logits_buffer_bytes=0,
+    pool_bytes=0,
+    pool_sharing_ratio=0.0,
+)
+
+
+def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+    return GaugeMetricFamily(PREFIX + name, doc, value=value)
+
+
+def _counter(name: str, doc: str, value: float) -> CounterMetricFamily:
+    return CounterMetricFamily(PREFIX + name, doc, value=value)
 
 
 class _EngineCollector(Collector):
-    def __init__(self, engine: Callable[[], AsyncEngine | None]) -> None:
+    """Reads one `EngineStatus` per scrape (and the requests not yet handed to the engine)."""
+
+    def __init__(self, engine: Callable[[], EngineClient | None]) -> None:
         self._engine = engine
 
     def collect(self) -> Iterator[Metric]:
-        async_engine = self._engine()
-        if async_engine is None:
+        engine = self._engine()
+        if engine is None:
             return
-        engine = async_engine.engine
-        stats = engine.stats()
-        prefix = "nanoserve:"
-
-        def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
-            return GaugeMetricFamily(prefix + name, doc, value=value)
-
-        yield gauge(
-            "num_requests_running", "Requests whose sequences are scheduled.", stats["running"]
+        status = engine.status()
+        yield _gauge(
+            "num_requests_running", "Requests whose sequences are scheduled.", status.running
         )
-        yield gauge(
+        yield _gauge(
             "num_requests_waiting",
             "Requests waiting to be admitted (TotalQueuedRequests).",
-            stats["waiting_requests"] + async_engine.num_pending,
+            status.waiting_requests + engine.num_pending,
         )
-        yield gauge(
+        yield _gauge(
             "kv_cache_usage_perc",
             "Fraction of K/V blocks held by sequences, 0..1 (KVCacheUtilization).",
-            stats["kv_cache_usage"],
+            status.kv_cache_usage,
         )
-        yield gauge("kv_cache_blocks_total", "Blocks in the K/V pool.", stats["kv_blocks_total"])
-        yield gauge(
+        yield _gauge("kv_cache_blocks_total", "Blocks in the K/V pool.", status.pool.num_blocks)
+        prefix_cache = status.prefix_cache
+        yield _gauge(
             "prefix_cache_hit_rate",
             "Prompt tokens served from the prefix cache / tokens queried.",
-            stats["prefix_cache_hit_rate"],
+            prefix_cache.hit_rate,
         )
-        for name, key, doc in (
-            ("prompt_tokens", "prompt_tokens", "Prompt tokens admitted."),
-            ("generation_tokens", "generation_tokens", "Tokens generated."),
-            (
-                "prefix_cache_queries",
-                "prefix_cache_queried_tokens",
-                "Prompt tokens looked up in the prefix cache.",
-            ),
-            (
-                "prefix_cache_hits",
-                "prefix_cache_hit_tokens",
-                "Prompt tokens found in the prefix cache.",
-            ),
-        ):
-            yield CounterMetricFamily(prefix + name, doc, value=stats[key])
+        yield _counter("prompt_tokens", "Prompt tokens admitted.", status.prompt_tokens)
+        yield _counter("generation_tokens", "Tokens generated.", status.generation_tokens)
+        yield _counter(
+            "prefix_cache_queries",
+            "Prompt tokens looked up in the prefix cache.",
+            prefix_cache.queried_tokens,
+        )
+        yield _counter(
+            "prefix_cache_hits", "Prompt tokens found in the prefix cache.", prefix_cache.hit_tokens
+        )
         finished = CounterMetricFamily(
-            prefix + "request_success",
+            PREFIX + "request_success",
             "Finished requests by finish reason.",
             labels=["finished_reason"],
         )
-        for reason in ("stop", "length", "abort"):
-            finished.add_metric([reason], stats["finished"].get(reason, 0))
+        for reason in FINISH_REASONS:
+            finished.add_metric([reason], status.finished.get(reason, 0))
         yield finished
-        graphs = stats["graphs"] or {}
-        yield CounterMetricFamily(
-            prefix + "graph_recordings", "Decode steps recorded.", value=graphs.get("recordings", 0)
-        )
-        yield CounterMetricFamily(
-            prefix + "graph_cold_recordings",
-            "Recordings made while requests were in flight (0 on a warmed server).",
-            value=graphs.get("cold_recordings", 0),
-        )
-        yield CounterMetricFamily(
-            prefix + "graph_replays",
-            "Recorded decode steps replayed.",
-            value=graphs.get("replays", 0),
-        )
-        yield CounterMetricFamily(
-            prefix + "decode_eager_fallback_steps",
-            "Decode steps of a shape outside the warm list, run eagerly (never recorded live).",
-            value=graphs.get("eager_fallback_steps", 0),
-        )
-        yield gauge(
-            "graph_pool_bytes",
-            "Bytes of the recordings' shared memory pool (CUDA).",
-            graphs.get("pool_bytes", 0),
-        )
-        yield gauge(
-            "graph_pool_sharing_ratio",
-            "Sum of recordings' needs / shared pool bytes.",
-            graphs.get("pool_sharing_ratio", 0.0),
-        )
+        yield from _graph_metrics(status.graphs or NO_GRAPHS)
+
+
+def _graph_metrics(graphs: GraphStats) -> Iterator[Metric]:
+    yield _counter("graph_recordings", "Decode steps recorded.", graphs.recordings)
+    yield _counter(
+        "graph_cold_recordings",
+        "Recordings made while requests were in flight (0 on a warmed server).",
+        graphs.cold_recordings,
+    )
+    yield _counter("graph_replays", "Recorded decode steps replayed.", graphs.replays)
+    yield _counter(
+        "decode_eager_fallback_steps",
+        "Decode steps of a shape outside the warm list, run eagerly (never recorded live).",
+        graphs.eager_fallback_steps,
+    )
+    yield _gauge(
+        "graph_pool_bytes",
+        "Bytes of the recordings' shared memory pool (CUDA).",
+        graphs.pool_bytes,
+    )
+    yield _gauge(
+        "graph_pool_sharing_ratio",
+        "Sum of recordings' needs / shared pool bytes.",
+        graphs.pool_sharing_ratio,
+    )
 
 
 class ServerMetrics:
-    def __init__(self, engine: Callable[[], AsyncEngine | None]) -> None:
+    def __init__(self, engine: Callable[[], EngineClient | None]) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(_EngineCollector(engine))
         self.ttft = Histogram(

@@ -1,20 +1,66 @@
-"""Building OpenAI response pieces from engine deltas: choices, usage and logprobs."""
+"""Building OpenAI responses from engine deltas: choices, usage, logprobs, and the whole
+non-streamed answer of each route (the streamed one is sse.py's, from the same pieces)."""
 
 from __future__ import annotations
 
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from nanoserve.api.engine_client import EngineClient, TokenCodec
 from nanoserve.api.schemas import (
+    AssistantMessage,
+    ChatChoice,
+    ChatChunkChoice,
+    ChatCompletionChunk,
+    ChatCompletionResponse,
     ChoiceLogprobs,
+    CompletionChoice,
     CompletionLogprobs,
+    CompletionResponse,
     PromptTokensDetails,
     TokenLogprob,
     TopLogprob,
     Usage,
 )
-from nanoserve.runtime.sequence import Delta
-from nanoserve.runtime.tokenizer import Tokenizer
+from nanoserve.api.translate import ChatInputs, CompletionInputs
+from nanoserve.runtime.engine.sequence import Delta
+
+Tagged = tuple[int, Delta]  # (prompt index, delta), as MergedStream yields them
 
 
-def token_text(tokenizer: Tokenizer, token_id: int) -> str:
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """One answer's identity, repeated by its every chunk, and where its token texts come from."""
+
+    id: str
+    created: int
+    model: str
+    tokenizer: TokenCodec
+
+    @classmethod
+    def new(cls, kind: str, engine: EngineClient) -> Answer:
+        """kind: "cmpl" or "chatcmpl", OpenAI's id prefixes."""
+        return cls(f"{kind}-{uuid.uuid4().hex}", int(time.time()), engine.name, engine.tokenizer)
+
+    def completion(
+        self, choices: list[CompletionChoice], usage: Usage | None = None
+    ) -> CompletionResponse:
+        """A whole completion, or one chunk of a streamed one (the same object on the wire)."""
+        return CompletionResponse(
+            id=self.id, created=self.created, model=self.model, choices=choices, usage=usage
+        )
+
+    def chat_chunk(
+        self, choices: list[ChatChunkChoice], usage: Usage | None = None
+    ) -> ChatCompletionChunk:
+        return ChatCompletionChunk(
+            id=self.id, created=self.created, model=self.model, choices=choices, usage=usage
+        )
+
+
+def token_text(tokenizer: TokenCodec, token_id: int) -> str:
     return tokenizer.decode([token_id])
 
 
@@ -50,7 +96,7 @@ class Choice:
 
 
 def completion_logprobs(
-    tokenizer: Tokenizer, token_ids: list[int], logprobs: list[float], top: list, offset: int
+    tokenizer: TokenCodec, token_ids: list[int], logprobs: list[float], top: list, offset: int
 ) -> CompletionLogprobs:
     tokens = [token_text(tokenizer, t) for t in token_ids]
     offsets, at = [], offset
@@ -66,7 +112,7 @@ def completion_logprobs(
 
 
 def chat_logprobs(
-    tokenizer: Tokenizer, token_ids: list[int], logprobs: list[float], top: list
+    tokenizer: TokenCodec, token_ids: list[int], logprobs: list[float], top: list
 ) -> ChoiceLogprobs:
     content = []
     for token_id, lp, entry in zip(token_ids, logprobs, top, strict=False):
@@ -85,3 +131,72 @@ def chat_logprobs(
             )
         )
     return ChoiceLogprobs(content=content)
+
+
+def echo_prefixes(inputs: CompletionInputs, tokenizer: TokenCodec) -> list[str]:
+    """Per prompt, what `echo` puts before its answers: the prompt as sent (a prompt of token
+    ids decoded), or "" without echo."""
+    if not inputs.echo:
+        return ["" for _ in inputs.prompts]
+    return [p.text if p.text is not None else tokenizer.decode(p.token_ids) for p in inputs.prompts]
+
+
+def collect(deltas: Sequence[Tagged], num_prompts: int, n: int) -> tuple[list[list[Choice]], int]:
+    """Every delta added to its (prompt, sample) choice; and the most prompt tokens any sample
+    found in the prefix cache."""
+    choices = [[Choice() for _ in range(n)] for _ in range(num_prompts)]
+    cached = 0
+    for prompt_index, delta in deltas:
+        choices[prompt_index][delta.index].add(delta)
+        cached = max(cached, delta.cached_tokens)
+    return choices, cached
+
+
+def completion_response(
+    answer: Answer, inputs: CompletionInputs, deltas: Sequence[Tagged]
+) -> CompletionResponse:
+    n = inputs.params.n
+    echo = echo_prefixes(inputs, answer.tokenizer)
+    grid, cached = collect(deltas, len(inputs.prompts), n)
+    out = []
+    for p, row in enumerate(grid):
+        for i, choice in enumerate(row):
+            logprobs = None
+            if inputs.params.logprobs is not None:
+                logprobs = completion_logprobs(
+                    answer.tokenizer, choice.token_ids, choice.logprobs, choice.top, len(echo[p])
+                )
+            out.append(
+                CompletionChoice(
+                    index=p * n + i,
+                    text=echo[p] + choice.text,
+                    logprobs=logprobs,
+                    finish_reason=choice.finish_reason,
+                )
+            )
+    completion = sum(len(c.token_ids) for row in grid for c in row)
+    return answer.completion(out, usage(inputs.prompt_tokens, completion, cached))
+
+
+def chat_response(
+    answer: Answer, inputs: ChatInputs, deltas: Sequence[Tagged]
+) -> ChatCompletionResponse:
+    [choices], cached = collect(deltas, 1, inputs.params.n)
+    with_logprobs = inputs.params.logprobs is not None
+    return ChatCompletionResponse(
+        id=answer.id,
+        created=answer.created,
+        model=answer.model,
+        choices=[
+            ChatChoice(
+                index=i,
+                message=AssistantMessage(content=c.text),
+                logprobs=chat_logprobs(answer.tokenizer, c.token_ids, c.logprobs, c.top)
+                if with_logprobs
+                else None,
+                finish_reason=c.finish_reason,
+            )
+            for i, c in enumerate(choices)
+        ],
+        usage=usage(len(inputs.prompt_ids), sum(len(c.token_ids) for c in choices), cached),
+    )

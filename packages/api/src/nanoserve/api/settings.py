@@ -75,8 +75,14 @@ OPTIONS: tuple[Option, ...] = (
     Option("--served-model-name", "served_model_name", str, "the `model` clients send"),
     Option("--batch-invariant", "batch_invariant", parse_bool, "tokens ignore batch (1/0)"),
     Option("--prefix-cache", "enable_prefix_cache", parse_bool, "prefix caching (1/0)"),
-    Option("--capture", "capture", parse_bool, "bucketed, persistent, recorded decode (1/0)"),
-    Option("--warm", "warm", parse_bool, "with --capture: record the warm list at startup"),
+    Option(
+        "--decode-mode",
+        "decode_mode",
+        str,
+        "eager | bucketed | persistent | recorded (default eager)",
+    ),
+    Option("--capture", "capture", parse_bool, "recorded decode: --decode-mode recorded (1/0)"),
+    Option("--warm", "warm", parse_bool, "when recorded: record the warm list at startup"),
     Option("--api-key", "api_key", str, "require Authorization: Bearer KEY"),
     Option("--max-body-bytes", "max_body_bytes", parse_bytes, "request body limit (413)"),
     Option("--grace-seconds", "grace_seconds", float, "shutdown grace for in-flight requests"),
@@ -95,21 +101,29 @@ class ServerSettings:
     def from_values(cls, values: Mapping[str, object]) -> ServerSettings:
         engine_fields = {k: v for k, v in values.items() if k not in _SERVER_FIELDS}
         if values.get("capture"):
-            engine_fields.update(bucket_decode=True, persist_inputs=True, capture_decode=True)
+            mode = engine_fields.setdefault("decode_mode", "recorded")
+            if mode != "recorded":
+                raise EngineConfigError(
+                    f"--capture means --decode-mode recorded; --decode-mode {mode} contradicts it"
+                )
         server = {k: v for k, v in values.items() if k in _SERVER_FIELDS and k != "capture"}
         return cls(engine=EngineConfig(**engine_fields), **server)  # type: ignore[arg-type]
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> ServerSettings:
-        environ = os.environ if environ is None else environ
-        values = {}
-        for option in OPTIONS:
-            if option.env in environ:
-                try:
-                    values[option.dest] = option.parse(environ[option.env])
-                except (ValueError, EngineConfigError) as error:
-                    raise EngineConfigError(f"{option.env}: {error}") from None
-        return cls.from_values(values)
+        return cls.from_values(values_from_env(os.environ if environ is None else environ))
+
+
+def values_from_env(environ: Mapping[str, str]) -> dict[str, object]:
+    """The NANOSERVE_* variables set in environ, parsed; a bad one is named in the error."""
+    values: dict[str, object] = {}
+    for option in OPTIONS:
+        if option.env in environ:
+            try:
+                values[option.dest] = option.parse(environ[option.env])
+            except (ValueError, EngineConfigError) as error:
+                raise EngineConfigError(f"{option.env}: {error}") from None
+    return values
 
 
 def add_options(parser: argparse.ArgumentParser, *, skip: tuple[str, ...] = ()) -> None:
@@ -131,13 +145,8 @@ def add_options(parser: argparse.ArgumentParser, *, skip: tuple[str, ...] = ()) 
 
 def values_from_args(args: argparse.Namespace) -> dict[str, object]:
     """Flags given on the command line, over NANOSERVE_* variables, over defaults."""
-    values: dict[str, object] = {}
+    values = values_from_env(os.environ)
     for option in OPTIONS:
-        if option.env in os.environ:
-            try:
-                values[option.dest] = option.parse(os.environ[option.env])
-            except (ValueError, EngineConfigError) as error:
-                raise EngineConfigError(f"{option.env}: {error}") from None
         given = getattr(args, option.dest, None)
         if given is not None:
             values[option.dest] = given

@@ -2,7 +2,9 @@
 
 The lifespan starts the build in a worker thread and returns at once, so the port is open
 during the warm-up and /health can say 503 until the engine is warm and has run one real
-forward; every other route answers 503 with Retry-After until then.
+forward; every other route answers 503 with Retry-After until then. What is built is an
+`EngineClient`: the real `AsyncEngine` by default, or whatever `engine_factory` returns (the
+tests' fake engine, which boots in no time and loads no model).
 
 A shutdown during the boot sets `cancel`: the build stops at its next phase or recording
 boundary (WarmupCancelled, one line, not a failure). The thread is a daemon and the lifespan
@@ -26,12 +28,11 @@ from typing import Any, TypeVar
 
 from litestar import Litestar
 
+from nanoserve.api.engine_client import EngineClient, EngineFactory, build_async_engine
 from nanoserve.api.errors import APIError
 from nanoserve.api.metrics import ServerMetrics
 from nanoserve.api.settings import ServerSettings
-from nanoserve.runtime.async_engine import AsyncEngine
-from nanoserve.runtime.build import build_engine
-from nanoserve.runtime.warmup import WarmupCancelled
+from nanoserve.runtime.decode.warmup import WarmupCancelled
 
 log = logging.getLogger("nanoserve")
 STOP_WAIT_SECONDS = 1.0  # how long a shutdown waits for the boot to reach a boundary
@@ -45,10 +46,12 @@ class ServerState:
         *,
         say: Callable[[str], None] | None = None,
         on_boot_failure: Callable[[BaseException], None] | None = None,
+        engine_factory: EngineFactory = build_async_engine,
     ) -> None:
         self.settings = settings
         self.started = time.time()
-        self.engine: AsyncEngine | None = None
+        self.engine: EngineClient | None = None
+        self._engine_factory = engine_factory
         self.boot_error: str | None = None
         self.metrics = ServerMetrics(lambda: self.engine)
         self._print = say or log.info
@@ -63,7 +66,7 @@ class ServerState:
         self.phase = line
         self._print(line)
 
-    def require_engine(self) -> AsyncEngine:
+    def require_engine(self) -> EngineClient:
         if self.engine is None:
             if self.boot_error:
                 raise APIError(503, f"the engine failed to start: {self.boot_error}")
@@ -78,13 +81,12 @@ class ServerState:
     async def boot(self) -> None:
         try:
             engine = await self._in_boot_thread(
-                build_engine, self.settings.engine, say=self._say, cancel=self.cancel
+                self._engine_factory, self.settings.engine, self._say, self.cancel
             )
             self.phase = "ready"
-            async_engine = AsyncEngine(engine)
-            async_engine.observer = self.metrics.observe
-            await async_engine.start()
-            self.engine = async_engine
+            engine.observer = self.metrics.observe
+            await engine.start()
+            self.engine = engine
         except WarmupCancelled as stop:
             self.phase = "stopped"
             self._print(f"{stop}: shutting down")

@@ -1,16 +1,104 @@
-"""From OpenAI request fields to the engine's inputs: prompts as token ids, SamplingParams."""
+"""From OpenAI request fields to the engine's inputs: prompts as token ids, SamplingParams.
+
+Every refusal a request's fields earn is raised here, worded for the client (a 400 naming the
+field), in the order the fields are read; the engine's own checks come at `submit`.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
+from nanoserve.api.engine_client import EngineClient
 from nanoserve.api.errors import APIError
 from nanoserve.api.schemas import ChatRequest, CompletionRequest, _SamplingFields
-from nanoserve.runtime.engine import Engine
-from nanoserve.runtime.sampling_params import SEED_END, SEED_MIN, SamplingParams
+from nanoserve.runtime.engine.sampling_params import (
+    MAX_TOP_LOGPROBS,
+    SEED_END,
+    SEED_MIN,
+    SamplingParams,
+)
+
+COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's legacy completions default
 
 
-def check_model(request: _SamplingFields, engine: Engine) -> None:
+@dataclass(frozen=True, slots=True)
+class Prompt:
+    """One completion prompt: its token ids, and its text when it was sent as text (echo
+    repeats that text as sent, not a decoding of its ids)."""
+
+    text: str | None
+    token_ids: list[int]
+
+
+@dataclass(frozen=True, slots=True)
+class CompletionInputs:
+    prompts: list[Prompt]  # each runs params.n samples: choice index = prompt * n + sample
+    params: SamplingParams
+    echo: bool
+    include_usage: bool  # streamed: a last chunk with usage and no choices
+
+    @property
+    def prompt_tokens(self) -> int:
+        return sum(len(p.token_ids) for p in self.prompts)
+
+
+@dataclass(frozen=True, slots=True)
+class ChatInputs:
+    prompt_ids: list[int]  # the rendered conversation, tokenized
+    params: SamplingParams
+    include_usage: bool
+
+
+def translate_completion(request: CompletionRequest, engine: EngineClient) -> CompletionInputs:
+    check_model(request, engine)
+    if request.logprobs is not None and not 0 <= request.logprobs <= MAX_TOP_LOGPROBS:
+        raise APIError(400, f"logprobs must be in [0, {MAX_TOP_LOGPROBS}]", param="logprobs")
+    params = sampling_params(
+        request,
+        max_tokens=request.max_tokens,
+        logprobs=request.logprobs,
+        default_max=COMPLETION_DEFAULT_MAX_TOKENS,
+    )
+    return CompletionInputs(
+        prompts=completion_prompts(request, engine),
+        params=params,
+        echo=request.echo,
+        include_usage=_include_usage(request),
+    )
+
+
+def translate_chat(request: ChatRequest, engine: EngineClient) -> ChatInputs:
+    check_model(request, engine)
+    top = request.top_logprobs
+    if top is not None and not 0 <= top <= MAX_TOP_LOGPROBS:
+        raise APIError(
+            400, f"top_logprobs must be in [0, {MAX_TOP_LOGPROBS}]", param="top_logprobs"
+        )
+    if top and not request.logprobs:
+        raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
+    # max_completion_tokens is the newer name of max_tokens; both are accepted, it wins.
+    max_tokens = (
+        request.max_completion_tokens
+        if request.max_completion_tokens is not None
+        else request.max_tokens
+    )
+    prompt_ids = chat_prompt(request, engine)
+    params = sampling_params(
+        request,
+        max_tokens=max_tokens,
+        logprobs=(top or 0) if request.logprobs else None,
+        # Unset: as long as the context and the pool allow, not a fixed 16 (a chat answer).
+        default_max=engine.default_max_tokens(len(prompt_ids)),
+    )
+    return ChatInputs(prompt_ids=prompt_ids, params=params, include_usage=_include_usage(request))
+
+
+def _include_usage(request: _SamplingFields) -> bool:
+    return bool(request.stream_options and request.stream_options.include_usage)
+
+
+def check_model(request: _SamplingFields, engine: EngineClient) -> None:
     if request.model is not None and request.model != engine.name:
         raise APIError(
             400,
@@ -57,25 +145,23 @@ def sampling_params(
     return SamplingParams(**fields)
 
 
-def completion_prompts(
-    request: CompletionRequest, engine: Engine
-) -> list[tuple[str | None, list[int]]]:
-    """[(text or None, token ids)] for str, [str], [int] and [[int]] prompts."""
+def completion_prompts(request: CompletionRequest, engine: EngineClient) -> list[Prompt]:
+    """The prompts of a str, [str], [int] or [[int]] `prompt`."""
     prompt = request.prompt
     tokenizer = engine.tokenizer
     if isinstance(prompt, str):
-        return [(prompt, tokenizer.encode(prompt, add_special_tokens=True))]
+        return [Prompt(prompt, tokenizer.encode(prompt, add_special_tokens=True))]
     if not prompt:
         raise APIError(400, "prompt is empty", param="prompt")
     if all(isinstance(p, str) for p in prompt):
-        return [(p, tokenizer.encode(p, add_special_tokens=True)) for p in prompt]
+        return [Prompt(p, tokenizer.encode(p, add_special_tokens=True)) for p in prompt]
     if all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-        return [(None, list(prompt))]
+        return [Prompt(None, list(prompt))]
     if all(
         isinstance(p, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in p)
         for p in prompt
     ):
-        return [(None, list(p)) for p in prompt]
+        return [Prompt(None, list(p)) for p in prompt]
     raise APIError(
         400,
         "prompt must be a string, a list of strings, token ids, or lists of token ids",
@@ -83,7 +169,7 @@ def completion_prompts(
     )
 
 
-def chat_prompt(request: ChatRequest, engine: Engine) -> list[int]:
+def chat_prompt(request: ChatRequest, engine: EngineClient) -> list[int]:
     if not request.messages:
         raise APIError(400, "messages is empty", param="messages")
     messages = []

@@ -13,7 +13,7 @@ from nanoserve.core.blocks import (
 )
 from nanoserve.core.buckets import BucketSet, Shape, bucket_decode
 from nanoserve.core.decode_buffers import DecodeBuffers
-from nanoserve.core.decode_plan import DecodePlan, DecodeSeq, pad_decode, plan_decode, warmup_plan
+from nanoserve.core.decode_plan import DecodePlan, DecodeSeq, pad_decode, padding_plan, plan_decode
 from nanoserve.core.errors import GateError, GeometryError, NanoserveError
 from nanoserve.core.kv_pool_plan import KVPoolPlan, PoolBudgetError, plan_kv_pool
 from nanoserve.core.prefill_plan import PrefillChunk, PrefillPlan, plan_prefill
@@ -51,6 +51,7 @@ __all__ = [
     "check_conservation",
     "lazy_captures",
     "pad_decode",
+    "padding_plan",
     "paged_decode_attention",
     "paged_prefill_attention",
     "plan_decode",
@@ -59,7 +60,6 @@ __all__ = [
     "stall_seconds",
     "warm_budget_bytes",
     "warm_shapes",
-    "warmup_plan",
     "warmup_seconds",
     "width_ceiling",
 ]

@@ -66,5 +66,5 @@ def bucket_decode(
     plan: DecodePlan, buckets: BucketSet, table: SlotTable | None = None
 ) -> DecodePlan:
     """Pad plan to the smallest bucket shape that holds it (a window on table, if given)."""
-    shape = buckets.bucket_of(len(plan.rows), plan.width)
+    shape = buckets.bucket_of(len(plan.seq_ids), plan.width)
     return pad_decode(plan, shape.rows, shape.width, table)

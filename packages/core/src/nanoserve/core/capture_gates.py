@@ -44,7 +44,7 @@ class PoolBudgetExceededError(GateError):
 
 
 def check_pad_inert(plan: DecodePlan) -> None:
-    real = len(plan.rows)
+    real = len(plan.seq_ids)
     lens = plan.context_lens.tolist()
     writes = plan.write_slots.tolist()
     for row in range(real, plan.num_rows):
@@ -55,14 +55,16 @@ def check_pad_inert(plan: DecodePlan) -> None:
             )
     for row in range(real):
         if writes[row] == plan.sink_slot:
-            raise PadNotInertError(f"real row {row} (sequence {plan.rows[row]}) writes to the sink")
+            raise PadNotInertError(
+                f"real row {row} (sequence {plan.seq_ids[row]}) writes to the sink"
+            )
 
 
 def check_mapping_is_window(plan: DecodePlan, table: SlotTable) -> None:
-    owners = table.row_owners[: len(plan.rows)]
-    if owners != plan.rows:
+    owners = table.row_owners[: len(plan.seq_ids)]
+    if owners != plan.seq_ids:
         raise MappingNotWindowError(
-            f"plan rows {plan.rows} are not a prefix of table rows {owners}"
+            f"plan rows {plan.seq_ids} are not a prefix of table rows {owners}"
         )
     rect = plan.slot_rect
     same_storage = rect.untyped_storage().data_ptr() == table.tensor.untyped_storage().data_ptr()
@@ -83,7 +85,7 @@ def check_window_intact(plan: DecodePlan, table: SlotTable) -> None:
             f"a {plan.shape} window does not fit the {table.max_batch}x{table.max_model_len} table"
         )
     lens = plan.context_lens.tolist()
-    for row, seq_id in enumerate(plan.rows):
+    for row, seq_id in enumerate(plan.seq_ids):
         if table.owner(row) != seq_id or table.written_len(row) < lens[row]:
             raise WindowNotIntactError(
                 f"row {row}: the table holds {table.written_len(row)} positions of sequence"
@@ -95,7 +97,7 @@ def check_plan_addressing(plan: DecodePlan) -> None:
     lens = plan.context_lens.tolist()
     positions = plan.positions.tolist()
     writes = plan.write_slots.tolist()
-    for row, seq_id in enumerate(plan.rows):
+    for row, seq_id in enumerate(plan.seq_ids):
         if not 0 < lens[row] <= plan.width or positions[row] != lens[row] - 1:
             raise PlanAddressingError(
                 f"row {row} (sequence {seq_id}): position {positions[row]}, context_len"
@@ -111,9 +113,9 @@ def check_plan_addressing(plan: DecodePlan) -> None:
 
 def check_replay_rows(recorded_rows: tuple[int, ...], plan: DecodePlan) -> None:
     """A recording over the empty row set is unbound and replays over any rows."""
-    if recorded_rows and recorded_rows != plan.rows:
+    if recorded_rows and recorded_rows != plan.seq_ids:
         raise ReplayRowsError(
-            f"the recording froze rows {recorded_rows}; this step's rows are {plan.rows}"
+            f"the recording froze rows {recorded_rows}; this step's rows are {plan.seq_ids}"
         )
 
 

@@ -30,7 +30,7 @@ class DecodePlan:
     length counts the token being fed, so a real row's position is context_lens - 1.
     """
 
-    rows: tuple[int, ...]  # sequence ids of the real rows, in row order
+    seq_ids: tuple[int, ...]  # sequence ids of the real rows, in row order
     pad_rows: int
     input_ids: torch.Tensor  # [batch] int64
     positions: torch.Tensor  # [batch] int64
@@ -41,7 +41,7 @@ class DecodePlan:
 
     @property
     def num_rows(self) -> int:
-        return len(self.rows) + self.pad_rows
+        return len(self.seq_ids) + self.pad_rows
 
     @property
     def width(self) -> int:
@@ -62,7 +62,7 @@ def plan_decode(
     """Give each sequence a row. With a table, the rectangle is a window on it; else a new tensor."""
     if not seqs:
         raise GeometryError(
-            "plan_decode needs at least one sequence (a warm batch uses warmup_plan)"
+            "plan_decode needs at least one sequence (a warm batch uses padding_plan)"
         )
     if table is not None:
         device = table.device
@@ -71,11 +71,11 @@ def plan_decode(
     context_lens = [s.position + 1 for s in seqs]
     width = max(context_lens)
     write_slots = [s.block_table.slot(s.position) for s in seqs]
-    rows = tuple(s.seq_id for s in seqs)
+    seq_ids = tuple(s.seq_id for s in seqs)
     if table is not None:
         for row, seq in enumerate(seqs):
             table.write_row(row, seq.seq_id, seq.block_table.slot_ids(seq.position + 1, device))
-        rect = table.read(rows, 0, width)
+        rect = table.read(seq_ids, 0, width)
     else:
         rect = torch.full((len(seqs), width), sink_slot, dtype=torch.int64, device=device)
         for row, seq in enumerate(seqs):
@@ -85,7 +85,7 @@ def plan_decode(
         return torch.tensor(values, dtype=torch.int64, device=device)
 
     return DecodePlan(
-        rows=rows,
+        seq_ids=seq_ids,
         pad_rows=0,
         input_ids=vector([s.token_id for s in seqs]),
         positions=vector([s.position for s in seqs]),
@@ -100,11 +100,11 @@ def pad_decode(
     plan: DecodePlan, num_rows: int, width: int, table: SlotTable | None = None
 ) -> DecodePlan:
     """The same plan padded to [num_rows, width]: padded rows read nothing and write the sink."""
-    real = len(plan.rows)
+    real = len(plan.seq_ids)
     if num_rows < plan.num_rows or width < plan.width:
         raise GeometryError(f"cannot pad a {plan.shape} plan down to {(num_rows, width)}")
     pad = num_rows - real
-    if not plan.rows and pad == 0:
+    if not plan.seq_ids and pad == 0:
         raise GeometryError("a plan with no rows must pad at least one row")
     device = plan.input_ids.device
 
@@ -114,12 +114,12 @@ def pad_decode(
         return out
 
     if table is not None:
-        rect = table.read(plan.rows, pad, width)
+        rect = table.read(plan.seq_ids, pad, width)
     else:
         rect = torch.full((num_rows, width), plan.sink_slot, dtype=torch.int64, device=device)
         rect[:real, : plan.width] = plan.slot_rect[:real]
     return DecodePlan(
-        rows=plan.rows,
+        seq_ids=plan.seq_ids,
         pad_rows=pad,
         input_ids=padded(plan.input_ids, 0),
         positions=padded(plan.positions, 0),
@@ -130,14 +130,14 @@ def pad_decode(
     )
 
 
-def warmup_plan(num_rows: int, width: int, *, table: SlotTable) -> DecodePlan:
+def padding_plan(num_rows: int, width: int, *, table: SlotTable) -> DecodePlan:
     """A step over no sequences: every row padding, every write to the sink, every length 0.
 
     The rectangle is still a window on the real table, so a recording made over this plan
     reads the storage that real steps write through.
     """
     empty = DecodePlan(
-        rows=(),
+        seq_ids=(),
         pad_rows=0,
         input_ids=torch.empty(0, dtype=torch.int64, device=table.device),
         positions=torch.empty(0, dtype=torch.int64, device=table.device),

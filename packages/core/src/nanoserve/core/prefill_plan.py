@@ -29,7 +29,7 @@ class PrefillPlan:
     the slots of all those positions (sink past the end), so attention sees prefix and chunk.
     """
 
-    rows: tuple[int, ...]  # sequence id of each chunk
+    seq_ids: tuple[int, ...]  # sequence id of each chunk
     input_ids: torch.Tensor  # [tokens] int64
     positions: torch.Tensor  # [tokens] int64
     write_slots: torch.Tensor  # [tokens] int64
@@ -78,7 +78,7 @@ def plan_prefill(
     for row, chunk in enumerate(chunks):
         rect[row, : context_lens[row]] = chunk.block_table.slot_ids(context_lens[row], device)
     return PrefillPlan(
-        rows=tuple(c.seq_id for c in chunks),
+        seq_ids=tuple(c.seq_id for c in chunks),
         input_ids=torch.tensor(input_ids, dtype=torch.int64, device=device),
         positions=torch.tensor(positions, dtype=torch.int64, device=device),
         write_slots=torch.cat(write_slots),

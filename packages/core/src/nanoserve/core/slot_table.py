@@ -84,26 +84,26 @@ class SlotTable:
                 self._owners[row] = None
                 self._written[row] = 0
 
-    def read(self, rows: tuple[int, ...], pad_rows: int, width: int) -> torch.Tensor:
+    def read(self, seq_ids: tuple[int, ...], pad_rows: int, width: int) -> torch.Tensor:
         """The rectangle [len(rows) + pad_rows, width] as a window (a view) on the table.
 
-        `rows` are the plan's sequence ids and must own the table's first rows, in order.
-        An empty `rows` is legal only when something is padded: a warm batch's shape.
+        `seq_ids` are the plan's and must own the table's first rows, in order.
+        An empty `seq_ids` is legal only when something is padded: a warm batch's shape.
         """
         if pad_rows < 0:
             raise GeometryError(f"pad_rows must be >= 0, got {pad_rows}")
-        if not rows and pad_rows == 0:
+        if not seq_ids and pad_rows == 0:
             raise GeometryError(
-                "read(rows=(), pad_rows=0) addresses nothing: an empty read needs pad_rows > 0"
+                "read(seq_ids=(), pad_rows=0) addresses nothing: an empty read needs pad_rows > 0"
             )
-        num_rows = len(rows) + pad_rows
+        num_rows = len(seq_ids) + pad_rows
         if num_rows > self.max_batch:
             raise GeometryError(f"{num_rows} rows exceed the table's max_batch {self.max_batch}")
         if not 0 < width <= self.max_model_len:
             raise GeometryError(f"width {width} is outside 1..{self.max_model_len}")
-        owners = tuple(self._owners[: len(rows)])
-        if owners != rows:
-            raise GeometryError(f"rows {rows} are not the table's first rows {owners}")
+        owners = tuple(self._owners[: len(seq_ids)])
+        if owners != seq_ids:
+            raise GeometryError(f"sequences {seq_ids} are not the table's first rows {owners}")
         return self.tensor[:num_rows, :width]
 
     def to(self, device: torch.device | str) -> SlotTable:

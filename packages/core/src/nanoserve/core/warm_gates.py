@@ -9,7 +9,7 @@ import torch
 from nanoserve.core.buckets import Shape
 from nanoserve.core.decode_plan import DecodePlan
 from nanoserve.core.errors import GateError
-from nanoserve.core.warm_list import warm_budget_bytes
+from nanoserve.core.step_footprint import StepFootprint
 
 
 class WarmRowsNotEmptyError(GateError):
@@ -41,12 +41,12 @@ class NotAllWarmError(GateError):
 
 
 class WarmBudgetError(GateError):
-    """The widest shape of the warm list needs more memory than the budget."""
+    """A shape of the warm list needs more memory at its peak than the budget."""
 
 
 def check_warm_rows_empty(plan: DecodePlan) -> None:
-    if plan.rows:
-        raise WarmRowsNotEmptyError(f"a warm batch must have no rows; this one has {plan.rows}")
+    if plan.seq_ids:
+        raise WarmRowsNotEmptyError(f"a warm batch must have no rows; this one has {plan.seq_ids}")
 
 
 def check_warm_writes_sink(plan: DecodePlan) -> None:
@@ -108,13 +108,15 @@ def check_all_warm(warm_list: Iterable[Shape], recorded: Iterable[Shape]) -> Non
         raise NotAllWarmError(f"{len(missing)} shapes have no recording, first {missing[:4]}")
 
 
-def check_warm_budget(warm_list: Sequence[Shape], heads: int, budget_bytes: int) -> None:
+def check_warm_budget(
+    warm_list: Sequence[Shape], footprint: StepFootprint, budget_bytes: int
+) -> None:
+    """The costliest shape's step fits the budget at its peak (StepFootprint.peak_bytes)."""
     if not warm_list:
         return
-    widest = max(warm_list, key=lambda s: warm_budget_bytes(s.rows, heads, s.width))
-    needed = warm_budget_bytes(widest.rows, heads, widest.width)
+    widest = max(warm_list, key=lambda s: footprint.peak_bytes(s.rows, s.width))
+    needed = footprint.peak_bytes(widest.rows, widest.width)
     if needed > budget_bytes:
         raise WarmBudgetError(
-            f"shape {widest} needs {needed} bytes of scores at {heads} heads;"
-            f" the budget is {budget_bytes}"
+            f"shape {widest} needs {needed} bytes at its peak; the budget is {budget_bytes}"
         )

@@ -10,20 +10,20 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from nanoserve.runtime.async_engine import AsyncEngine
-    from nanoserve.runtime.build import build_engine
-    from nanoserve.runtime.engine import Engine
+    from nanoserve.runtime.engine.async_engine import AsyncEngine
+    from nanoserve.runtime.engine.build import build_engine
+    from nanoserve.runtime.engine.engine import Engine
+    from nanoserve.runtime.engine.llm import LLM
+    from nanoserve.runtime.engine.sampling_params import SamplingParams
     from nanoserve.runtime.engine_config import EngineConfig
-    from nanoserve.runtime.llm import LLM
-    from nanoserve.runtime.sampling_params import SamplingParams
 
 _WHERE = {
-    "LLM": "llm",
-    "SamplingParams": "sampling_params",
-    "Engine": "engine",
+    "LLM": "engine.llm",
+    "SamplingParams": "engine.sampling_params",
+    "Engine": "engine.engine",
     "EngineConfig": "engine_config",
-    "AsyncEngine": "async_engine",
-    "build_engine": "build",
+    "AsyncEngine": "engine.async_engine",
+    "build_engine": "engine.build",
 }
 __all__ = ["LLM", "AsyncEngine", "Engine", "EngineConfig", "SamplingParams", "build_engine"]
 

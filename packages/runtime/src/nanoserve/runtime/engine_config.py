@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
+from enum import Enum
 
 import torch
 
 from nanoserve.core.errors import NanoserveError
+from nanoserve.runtime.model.int8_weight import check_quantize
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # The warm-up's default time budget. On a GPU a recording costs ~0.1 s and the build log's
@@ -17,6 +19,31 @@ DEFAULT_WARM_SECONDS = {"cpu": 30.0, "cuda": 3.0}
 
 class EngineConfigError(NanoserveError, ValueError):
     """A configuration value is impossible; the message names the option."""
+
+
+class DecodeMode(str, Enum):
+    """How a decode step runs; each mode adds one thing to the one before it.
+
+    eager: shaped by the step's own rows; bucketed: padded to a (rows, width) bucket;
+    persistent: and read from fixed input storage; recorded: and replayed from a recording
+    of its shape (a CUDA graph on a GPU, a frozen call on a CPU)."""
+
+    EAGER = "eager"
+    BUCKETED = "bucketed"
+    PERSISTENT = "persistent"
+    RECORDED = "recorded"
+
+    @property
+    def buckets(self) -> bool:
+        return self is not DecodeMode.EAGER
+
+    @property
+    def persistent(self) -> bool:
+        return self in (DecodeMode.PERSISTENT, DecodeMode.RECORDED)
+
+    @property
+    def recorded(self) -> bool:
+        return self is DecodeMode.RECORDED
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,11 +60,9 @@ class EngineConfig:
     max_waiting: int = 256
     enable_prefix_cache: bool = True
     batch_invariant: bool = True  # a row's tokens ignore its batch and its bucket
-    bucket_decode: bool = False
-    persist_inputs: bool = False
-    capture_decode: bool = False
+    decode_mode: DecodeMode = DecodeMode.EAGER  # a DecodeMode or its value ("recorded")
     width_multiple: int = 64
-    warm: bool = True  # with capture_decode: record the warm list before serving
+    warm: bool = True  # when recorded: record the warm list before serving
     warm_max_rows: int | None = None  # None: max_batch
     warm_max_width: int | None = None  # None: max_model_len
     warm_budget_bytes: int | None = None  # None: the memory measured free after the pool
@@ -46,10 +71,19 @@ class EngineConfig:
     served_model_name: str | None = None
 
     def __post_init__(self) -> None:
+        try:
+            object.__setattr__(self, "decode_mode", DecodeMode(self.decode_mode))
+        except ValueError:
+            modes = ", ".join(m.value for m in DecodeMode)
+            raise EngineConfigError(
+                f"decode_mode must be one of {modes}, got {self.decode_mode!r}"
+            ) from None
         if self.dtype not in DTYPES:
             raise EngineConfigError(f"dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
-        if self.quantize not in (None, "int8"):
-            raise EngineConfigError(f"quantize must be int8 or unset, got {self.quantize!r}")
+        try:
+            check_quantize(self.quantize)
+        except ValueError as error:
+            raise EngineConfigError(str(error)) from None
         if self.device.split(":")[0] not in ("cpu", "cuda"):
             raise EngineConfigError(f"device must be cpu or cuda, got {self.device!r}")
         for name in ("max_batch", "max_num_batched_tokens", "block_size", "width_multiple"):
@@ -71,14 +105,6 @@ class EngineConfig:
         ):
             raise EngineConfigError(
                 f"warm_seconds must be a positive number of seconds, got {self.warm_seconds!r}"
-            )
-        if self.persist_inputs and not self.bucket_decode:
-            raise EngineConfigError(
-                "persist_inputs needs bucket_decode (buffers hold bucket shapes)"
-            )
-        if self.capture_decode and not self.persist_inputs:
-            raise EngineConfigError(
-                "capture_decode needs persist_inputs (recordings read fixed storage)"
             )
 
     @property

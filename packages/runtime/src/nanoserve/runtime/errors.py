@@ -51,5 +51,9 @@ class ChatTemplateError(CheckpointError):
     """A chat template that is missing, malformed, unsafe, or that refused the messages."""
 
 
+class UnknownQuantizationError(NanoserveError, ValueError):
+    """A quantize option that names no supported weight form."""
+
+
 class EmbeddedModelMissing(NanoserveError, RuntimeError):
     """The package that ships the embedded model is not installed; the message says how to fix it."""

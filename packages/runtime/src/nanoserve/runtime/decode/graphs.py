@@ -19,7 +19,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
 import torch
@@ -37,9 +37,10 @@ from nanoserve.core.capture_gates import (
 from nanoserve.core.decode_buffers import BUFFER_NAMES, DecodeBuffers
 from nanoserve.core.errors import GateError
 from nanoserve.core.step_footprint import StepFootprint
-from nanoserve.runtime.capture_guard import capture_guard
-from nanoserve.runtime.device import on_device
-from nanoserve.runtime.kv_pool import CacheRows
+from nanoserve.core.warm_gates import check_no_cold_captures
+from nanoserve.runtime.decode.capture_guard import capture_guard
+from nanoserve.runtime.model.device import on_device
+from nanoserve.runtime.model.kv_pool import CacheRows
 
 StepFn = Callable[[DecodePlan, CacheRows], torch.Tensor]
 Guard = Callable[[], AbstractContextManager[object]]
@@ -64,6 +65,9 @@ class Backend(Protocol):
 
     def pool_bytes(self) -> int: ...
 
+    def release(self) -> None:
+        """Return what the dropped recordings held (their shared pool) to the device."""
+
 
 class FrozenCallBackend:
     """The step bound at record time to the exact plan object, and replayed on it alone."""
@@ -83,6 +87,9 @@ class FrozenCallBackend:
 
     def pool_bytes(self) -> int:
         return 0
+
+    def release(self) -> None:
+        pass
 
 
 class CudaGraphBackend:
@@ -132,6 +139,12 @@ class CudaGraphBackend:
     def pool_bytes(self) -> int:
         return self._pool_bytes
 
+    def release(self) -> None:
+        with on_device(self.device):
+            torch.cuda.synchronize(self.device)  # no replay still reads the pool
+            torch.cuda.empty_cache()
+        self._pool_bytes = 0
+
 
 def default_backend(device: torch.device) -> Backend:
     if device.type == "cuda" and torch.cuda.is_available():
@@ -140,9 +153,27 @@ def default_backend(device: torch.device) -> Backend:
 
 
 @dataclass(frozen=True, slots=True)
+class GraphStats:
+    """The recordings' counters, as /health and /metrics report them."""
+
+    backend: str
+    recordings: int  # made, including discarded probes
+    cold_recordings: int  # made while requests were in flight (0 on a warmed engine)
+    replays: int
+    eager_fallback_steps: int  # decode steps of a shape outside the warm list
+    shapes: int  # recordings held now
+    logits_buffer_bytes: int
+    pool_bytes: int  # the recordings' shared pool (CUDA)
+    pool_sharing_ratio: float  # the recordings' summed needs / pool_bytes
+
+    def as_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+
+@dataclass(frozen=True, slots=True)
 class Recording:
     shape: Shape
-    rows: tuple[int, ...]  # the row set it froze; () is unbound (a warm recording)
+    seq_ids: tuple[int, ...]  # the row set it froze; () is unbound (a warm recording)
     plan: DecodePlan  # the argument objects it holds, with `cache`
     cache: CacheRows
     addresses: dict[str, int]
@@ -205,11 +236,16 @@ class DecodeGraphs:
 
     def can_replay(self, plan: DecodePlan) -> bool:
         recording = self.recordings.get(Shape(*plan.shape))
-        return recording is not None and (not recording.rows or recording.rows == plan.rows)
+        return recording is not None and (
+            not recording.seq_ids or recording.seq_ids == plan.seq_ids
+        )
 
     @torch.inference_mode()
     def record(self, plan: DecodePlan, cache: CacheRows, *, cold: bool) -> torch.Tensor:
         """Gate, then record plan's step over cache; returns the logits of the recording run."""
+        if self.warmed:
+            # A warmed engine records nothing in front of a client (run() falls back to eager).
+            check_no_cold_captures(int(cold))
         shape = Shape(*plan.shape)
         needed = self.footprint.peak_bytes(shape.rows, shape.width)
         check_pad_inert(plan)
@@ -223,7 +259,7 @@ class DecodeGraphs:
         output, handle = self.backend.record(self.step, (plan, cache), self.guard)
         seconds = time.perf_counter() - started
         self.recordings[shape] = Recording(
-            shape, cache.rows, plan, cache, self.addresses(), handle, seconds, cold, needed
+            shape, cache.seq_ids, plan, cache, self.addresses(), handle, seconds, cold, needed
         )
         self.num_recorded += 1
         self.num_cold += int(cold)
@@ -237,7 +273,7 @@ class DecodeGraphs:
             raise UnrecordedShapeError(
                 f"no recording of {shape}; recorded: {sorted(self.recordings, reverse=True)[:4]}"
             )
-        check_replay_rows(recording.rows, plan)
+        check_replay_rows(recording.seq_ids, plan)
         check_addresses_stable(recording.addresses, self.addresses())
         _check_same_arguments(recording.plan, plan)
         self.num_replays += 1
@@ -249,8 +285,11 @@ class DecodeGraphs:
         self.recordings.pop(shape, None)
 
     def destroy(self) -> None:
-        """Free every recording (a clean shutdown); the counters stay for the last scrape."""
+        """Free every recording and the pool they shared (a clean shutdown); the counters stay
+        for the last scrape. A later decode step runs eagerly."""
         self.recordings.clear()
+        self.backend.release()
+        self.warmed = True  # nothing is recorded after a destroy
 
     def run(self, plan: DecodePlan, cache: CacheRows) -> torch.Tensor:
         """Logits of plan's rows ([num_rows, vocab], padded rows included).
@@ -265,20 +304,20 @@ class DecodeGraphs:
             return self._model_step(plan, cache)
         return self.record(plan, cache.pool.warm(), cold=True)
 
-    def stats(self) -> dict[str, int | float | str]:
+    def stats(self) -> GraphStats:
         pool = self.backend.pool_bytes()
         needed = sum(r.needed_bytes for r in self.recordings.values())
-        return {
-            "backend": self.backend.name,
-            "recordings": self.num_recorded,
-            "cold_recordings": self.num_cold,
-            "replays": self.num_replays,
-            "eager_fallback_steps": self.num_eager_fallback,
-            "shapes": len(self.recordings),
-            "logits_buffer_bytes": self.logits.numel() * self.logits.element_size(),
-            "pool_bytes": pool,
-            "pool_sharing_ratio": needed / pool if pool else 0.0,
-        }
+        return GraphStats(
+            backend=self.backend.name,
+            recordings=self.num_recorded,
+            cold_recordings=self.num_cold,
+            replays=self.num_replays,
+            eager_fallback_steps=self.num_eager_fallback,
+            shapes=len(self.recordings),
+            logits_buffer_bytes=self.logits.numel() * self.logits.element_size(),
+            pool_bytes=pool,
+            pool_sharing_ratio=needed / pool if pool else 0.0,
+        )
 
 
 def _check_same_arguments(recorded: DecodePlan, plan: DecodePlan) -> None:

@@ -1,9 +1,12 @@
 """AsyncEngine: the engine's step loop beside an event loop, for the server.
 
 Forwards run on a worker thread (`asyncio.to_thread`), never on the event loop. Requests and
-aborts arrive through an inbox the step thread drains between steps, so the event loop never
-waits for a step to finish. Each request gets an async iterator of deltas; cancelling it
-aborts the request and frees its blocks.
+aborts arrive through an inbox (typed messages: `AddRequest`, `AbortRequest`) that the step
+thread drains between steps, so the event loop never waits for a step to finish. Each request
+gets an async iterator of deltas; cancelling it aborts the request and frees its blocks.
+
+This class is the whole surface the server uses: `name`, `max_model_len`, `tokenizer`,
+`render_chat`, `default_max_tokens`, `submit`, `status`, `num_pending`, `start`, `shutdown`.
 """
 
 from __future__ import annotations
@@ -14,14 +17,17 @@ import itertools
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from nanoserve.core.errors import NanoserveError
-from nanoserve.runtime.engine import Engine, RequestError
-from nanoserve.runtime.sampling_params import SamplingParams
-from nanoserve.runtime.scheduler import QueueFullError
-from nanoserve.runtime.sequence import Delta
+from nanoserve.runtime.engine.engine import Engine, RequestError
+from nanoserve.runtime.engine.engine_status import EngineStatus
+from nanoserve.runtime.engine.sampling_params import SamplingParams
+from nanoserve.runtime.engine.scheduler import QueueFullError
+from nanoserve.runtime.engine.sequence import Delta
+from nanoserve.runtime.text.tokenizer import Tokenizer
 
 log = logging.getLogger("nanoserve.async_engine")
 
@@ -32,6 +38,25 @@ class EngineDeadError(NanoserveError, RuntimeError):
 
 class EngineClosedError(NanoserveError, RuntimeError):
     """The engine is shutting down and takes no new requests."""
+
+
+@dataclass(frozen=True, slots=True)
+class AddRequest:
+    """Inbox: admit a validated request."""
+
+    request_id: str
+    prompt_ids: list[int]
+    params: SamplingParams
+
+
+@dataclass(frozen=True, slots=True)
+class AbortRequest:
+    """Inbox: finish a request now and free its blocks."""
+
+    request_id: str
+
+
+Message = AddRequest | AbortRequest
 
 
 @dataclass(slots=True)
@@ -110,7 +135,7 @@ class RequestStream:
 class AsyncEngine:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
-        self._inbox: deque[tuple[str, str, Sequence[int] | None, SamplingParams | None]] = deque()
+        self._inbox: deque[Message] = deque()
         self._streams: dict[str, asyncio.Queue[Delta | BaseException]] = {}
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
@@ -130,7 +155,7 @@ class AsyncEngine:
         while self._streams and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
         for request_id in list(self._streams):
-            self._inbox.append(("abort", request_id, None, None))
+            self._inbox.append(AbortRequest(request_id))
         self._poke()
         deadline = time.monotonic() + 2.0
         while self._streams and time.monotonic() < deadline:
@@ -139,6 +164,7 @@ class AsyncEngine:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._task
+        self.engine.destroy()  # the loop is stopped: no step reads the recordings any more
 
     @property
     def num_in_flight(self) -> int:
@@ -149,7 +175,30 @@ class AsyncEngine:
         """Requests accepted but not yet handed to the engine."""
         # tuple() copies in one C call: the step thread's popleft() cannot interleave, where
         # iterating the deque itself could raise "deque mutated during iteration".
-        return sum(1 for op in tuple(self._inbox) if op[0] == "add")
+        return sum(isinstance(m, AddRequest) for m in tuple(self._inbox))
+
+    # -- the engine, as the server sees it --------------------------------------------------
+
+    @property
+    def name(self) -> str:
+        return self.engine.name
+
+    @property
+    def max_model_len(self) -> int:
+        return self.engine.config.max_model_len or 0
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        return self.engine.tokenizer
+
+    def render_chat(self, messages: Sequence[Mapping[str, Any]], **extra: object) -> str:
+        return self.engine.render_chat(messages, **extra)
+
+    def default_max_tokens(self, prompt_len: int) -> int:
+        return self.engine.default_max_tokens(prompt_len)
+
+    def status(self) -> EngineStatus:
+        return self.engine.status()
 
     # -- requests ---------------------------------------------------------------------------
 
@@ -168,15 +217,15 @@ class AsyncEngine:
         if limit is not None and params.n > limit:
             raise RequestError("n", f"n ({params.n}) exceeds the waiting queue's bound ({limit})")
         pending = self.engine.num_waiting + sum(
-            op[3].n for op in tuple(self._inbox) if op[0] == "add" and op[3] is not None
+            m.params.n for m in tuple(self._inbox) if isinstance(m, AddRequest)
         )
         if limit is not None and pending + params.n > limit:
             raise QueueFullError(f"{pending} requests are waiting (limit {limit}); try again later")
         if request_id in self._streams:
-            raise ValueError(f"request {request_id!r} is already in flight")
+            raise RequestError("request_id", f"request {request_id!r} is already in flight")
         stream: asyncio.Queue[Delta | BaseException] = asyncio.Queue()
         self._streams[request_id] = stream
-        self._inbox.append(("add", request_id, list(prompt_ids), params))
+        self._inbox.append(AddRequest(request_id, list(prompt_ids), params))
         self._poke()
         return stream
 
@@ -196,7 +245,7 @@ class AsyncEngine:
             self.observer(stream.times)
 
     def abort(self, request_id: str) -> None:
-        self._inbox.append(("abort", request_id, None, None))
+        self._inbox.append(AbortRequest(request_id))
         self._poke()
 
     # -- the loop ---------------------------------------------------------------------------
@@ -229,20 +278,19 @@ class AsyncEngine:
         while self._inbox:
             # Peek, apply, then pop: a request stays counted (inbox or scheduler) throughout,
             # so add_request on the event loop never sees room that is not there.
-            op, request_id, prompt_ids, params = self._inbox[0]
-            if op == "add":
-                assert prompt_ids is not None and params is not None
+            message = self._inbox[0]
+            if isinstance(message, AddRequest):
                 try:
-                    self.engine.add_request(request_id, prompt_ids, params)
+                    self.engine.add_request(message.request_id, message.prompt_ids, message.params)
                 except Exception as error:
-                    stream = self._streams.get(request_id)
+                    stream = self._streams.get(message.request_id)
                     if stream is not None:
                         stream.put_nowait(error)
                 finally:
                     self._inbox.popleft()
             else:
                 self._inbox.popleft()
-                deltas.extend(self.engine.abort(request_id))
+                deltas.extend(self.engine.abort(message.request_id))
         if self.engine.has_unfinished:
             deltas.extend(self.engine.step())
         return deltas
@@ -250,4 +298,4 @@ class AsyncEngine:
     def _fail_all(self, error: BaseException) -> None:
         for request_id, stream in list(self._streams.items()):
             stream.put_nowait(error)
-            self._inbox.append(("abort", request_id, None, None))
+            self._inbox.append(AbortRequest(request_id))

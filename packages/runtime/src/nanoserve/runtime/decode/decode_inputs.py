@@ -88,12 +88,12 @@ class DecodeInputs:
         for row, seq in enumerate(seqs):
             self.table.claim(row, seq.seq_id, seq.position + 1)
         self._move(staged, index, slots)
-        rows = tuple(s.seq_id for s in seqs)
+        seq_ids = tuple(s.seq_id for s in seqs)
         views = {name: vector[: shape.rows] for name, vector in self._named_vectors()}
         return DecodePlan(
-            rows=rows,
+            seq_ids=seq_ids,
             pad_rows=shape.rows - real,
-            slot_rect=self.table.read(rows, shape.rows - real, shape.width),
+            slot_rect=self.table.read(seq_ids, shape.rows - real, shape.width),
             sink_slot=self.sink_slot,
             **views,
         )

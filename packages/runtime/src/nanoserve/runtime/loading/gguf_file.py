@@ -23,7 +23,7 @@ from typing import Any
 import gguf
 import torch
 from gguf import GGMLQuantizationType as Q
-from tqdm import tqdm
+from tqdm import tqdm  # type: ignore[import-untyped]  # no stubs installed
 
 from nanoserve.runtime.errors import (
     ConfigError,
@@ -31,8 +31,8 @@ from nanoserve.runtime.errors import (
     UnsupportedQuantError,
     WeightsError,
 )
-from nanoserve.runtime.model_config import Architecture, ModelConfig
-from nanoserve.runtime.tokenizer import Tokenizer
+from nanoserve.runtime.loading.model_config import Architecture, ModelConfig
+from nanoserve.runtime.text.tokenizer import Tokenizer
 
 GGUF_MAGIC = b"GGUF"
 SUPPORTED_TYPES = frozenset(

@@ -1,31 +1,47 @@
-"""Engine: many requests, one model, one K/V pool. `step()` is plan → execute → sample → commit."""
+"""Engine: many requests, one model, one K/V pool.
+
+`step()` is plan → check → execute → sample → commit: the scheduler plans the step, the runner
+checks and executes it (the gates run when a shape is recorded, and on every replay), the
+sampler picks the next tokens, and commit appends them and retires what finished.
+"""
 
 from __future__ import annotations
 
 import itertools
 import logging
+import threading
+import time
 from collections import Counter
+from collections.abc import Callable, Mapping
 from collections.abc import Sequence as Seq
+from typing import Any
 
 import torch
 
-from nanoserve.core import BlockTable, Shape, plan_kv_pool
+from nanoserve.core import BlockTable, plan_kv_pool
 from nanoserve.core.errors import NanoserveError
-from nanoserve.core.warm_gates import check_no_cold_captures
-from nanoserve.runtime.block_manager import BlockManager, PrefixCacheStats
-from nanoserve.runtime.chat_template import ChatTemplate
-from nanoserve.runtime.engine_config import EngineConfig
-from nanoserve.runtime.graphs import Backend
-from nanoserve.runtime.kv_pool import KVPool
-from nanoserve.runtime.memory import keep_freed_memory
-from nanoserve.runtime.model import LlamaModel
-from nanoserve.runtime.runner import ModelRunner
-from nanoserve.runtime.sampler import SampleRow, sample
-from nanoserve.runtime.sampling_params import SamplingParams
-from nanoserve.runtime.scheduler import Scheduler, SchedulerOutput
-from nanoserve.runtime.sequence import Delta, Sequence, Status
-from nanoserve.runtime.tokenizer import IncrementalDetokenizer, Tokenizer
-from nanoserve.runtime.warmup import WarmupReport, warm_decode
+from nanoserve.runtime.decode.graphs import Backend
+from nanoserve.runtime.decode.warmup import (
+    Clock,
+    WarmEstimate,
+    WarmPlan,
+    WarmupReport,
+    plan_warm,
+    warm,
+)
+from nanoserve.runtime.engine.block_manager import BlockManager, PrefixCacheStats
+from nanoserve.runtime.engine.engine_status import EngineStatus, PrefixCacheCounts
+from nanoserve.runtime.engine.runner import ModelRunner
+from nanoserve.runtime.engine.sampler import SampleRow, sample
+from nanoserve.runtime.engine.sampling_params import SamplingParams
+from nanoserve.runtime.engine.scheduler import Scheduler, SchedulerOutput
+from nanoserve.runtime.engine.sequence import Delta, Sequence, Status
+from nanoserve.runtime.engine_config import EngineConfig, EngineConfigError
+from nanoserve.runtime.model.kv_pool import KVPool
+from nanoserve.runtime.model.llama import LlamaModel
+from nanoserve.runtime.model.memory import keep_freed_memory
+from nanoserve.runtime.text.chat_template import ChatTemplate
+from nanoserve.runtime.text.tokenizer import IncrementalDetokenizer, Tokenizer
 
 log = logging.getLogger("nanoserve.engine")
 
@@ -48,15 +64,18 @@ class Engine:
         backend: Backend | None = None,
         chat_template: ChatTemplate | None = None,
         name: str = "model",
+        boot_started: float | None = None,
     ) -> None:
+        """boot_started: time.perf_counter() when the boot began (before loading), so that
+        `mark_ready` can say how long the whole boot took."""
         config = config.resolved(model.config.max_position_embeddings)
         self.model = model
         self.tokenizer = tokenizer
         self.config = config
         self.chat_template = chat_template
         self.name = name
+        self.boot_started = boot_started
         self.ready_seconds: float | None = None
-        self.warm_plan: object | None = None  # build.WarmPlan, when warmed at boot
         cfg = model.config
         self.pool_plan = plan_kv_pool(
             num_layers=cfg.num_layers,
@@ -221,16 +240,56 @@ class Engine:
 
     # -- warm-up ----------------------------------------------------------------------------
 
-    def warm_decode(self, shapes: tuple[Shape, ...], **kwargs: object) -> WarmupReport:
-        """Record shapes over all-padding batches (the door to warmup.warm_decode)."""
-        report = warm_decode(self.runner, shapes, **kwargs)  # type: ignore[arg-type]
+    def plan_warm(self) -> WarmPlan:
+        """The warm list this engine's config and memory allow (decode_mode="recorded")."""
+        graphs, buckets = self.runner.graphs, self.runner.buckets
+        if graphs is None or buckets is None:
+            raise EngineConfigError("a warm-up needs decode_mode='recorded'")
+        config = self.config
+        assert config.warm_max_rows is not None and config.warm_max_width is not None
+        return plan_warm(
+            buckets,
+            graphs.footprint,
+            max_rows=min(config.warm_max_rows, config.max_batch),
+            max_width=config.warm_max_width,
+            budget_bytes=self.runner.warm_budget_bytes(),
+        )
+
+    def warm(
+        self,
+        plan: WarmPlan | None = None,
+        *,
+        cancel: threading.Event | None = None,
+        announce: Callable[[WarmPlan, WarmEstimate], None] | None = None,
+        clock: Clock = time.perf_counter,
+    ) -> WarmupReport:
+        """Record plan (default: `plan_warm()`) within the config's time budget; the report is
+        kept as `warm_report`. From then on a shape outside the list runs eagerly."""
+        graphs = self.runner.graphs
+        if graphs is None:
+            raise EngineConfigError("a warm-up needs decode_mode='recorded'")
+        report = warm(
+            graphs,
+            self.pool,
+            plan or self.plan_warm(),
+            budget_seconds=self.config.warm_seconds,
+            cancel=cancel,
+            announce=announce,
+            clock=clock,
+        )
         self.warm_report = report
         return report
 
-    def check_warm(self) -> None:
-        """On a warmed engine no recording was ever made in front of a client."""
-        graphs = self.runner.graphs
-        check_no_cold_captures(graphs.num_cold if graphs else 0)
+    def mark_ready(self) -> float | None:
+        """The boot is over: keep and return its seconds (None without boot_started)."""
+        if self.boot_started is not None:
+            self.ready_seconds = time.perf_counter() - self.boot_started
+        return self.ready_seconds
+
+    def destroy(self) -> None:
+        """Free the recordings (a clean shutdown); the engine still serves, eagerly."""
+        if self.runner.graphs is not None:
+            self.runner.graphs.destroy()
 
     # -- numbers ----------------------------------------------------------------------------
 
@@ -239,7 +298,14 @@ class Engine:
         self.prompt_tokens = self.generation_tokens = self.num_steps = 0
         self.blocks.stats = PrefixCacheStats()
 
-    def render_chat(self, messages: Seq[dict], **extra: object) -> str:
+    def default_max_tokens(self, prompt_len: int) -> int:
+        """An unset max_tokens: as long as the context allows and the pool can hold (a pool
+        smaller than max_model_len would otherwise refuse every request that leaves it
+        unset)."""
+        context = min(self.config.max_model_len or 0, self.pool_plan.num_slots)
+        return max(1, context - prompt_len)
+
+    def render_chat(self, messages: Seq[Mapping[str, Any]], **extra: object) -> str:
         if self.chat_template is None:
             raise RequestError("messages", f"the model {self.name} has no chat template")
         return self.chat_template.render(messages, add_generation_prompt=True, **extra)
@@ -247,24 +313,32 @@ class Engine:
     def check_blocks(self) -> None:
         self.blocks.check(idle=not self.has_unfinished)
 
-    def stats(self) -> dict[str, object]:
+    def status(self) -> EngineStatus:
         graphs = self.runner.graphs
-        return {
-            "running": self.num_running,
-            "waiting": self.num_waiting,
-            "waiting_requests": self.num_waiting_requests,
-            "kv_blocks_total": self.blocks.num_blocks,
-            "kv_blocks_in_use": self.blocks.num_in_use,
-            "kv_cache_usage": self.blocks.usage(),
-            "prefix_cache_hit_rate": self.blocks.stats.hit_rate,
-            "prefix_cache_queried_tokens": self.blocks.stats.queried_tokens,
-            "prefix_cache_hit_tokens": self.blocks.stats.hit_tokens,
-            "prompt_tokens": self.prompt_tokens,
-            "generation_tokens": self.generation_tokens,
-            "finished": dict(self.finished),
-            "steps": self.num_steps,
-            "graphs": graphs.stats() if graphs else None,
-        }
+        config = self.config
+        stats = self.blocks.stats
+        return EngineStatus(
+            model=self.name,
+            dtype=config.dtype,
+            quantize=config.quantize,
+            device=config.device,
+            decode_mode=config.decode_mode.value,
+            max_model_len=config.max_model_len or 0,
+            ready_seconds=self.ready_seconds,
+            pool=self.pool_plan,
+            blocks_in_use=self.blocks.num_in_use,
+            kv_cache_usage=self.blocks.usage(),
+            warm=self.warm_report,
+            graphs=graphs.stats() if graphs is not None else None,
+            running=self.num_running,
+            waiting=self.num_waiting,
+            waiting_requests=self.num_waiting_requests,
+            prefix_cache=PrefixCacheCounts(stats.queried_tokens, stats.hit_tokens),
+            prompt_tokens=self.prompt_tokens,
+            generation_tokens=self.generation_tokens,
+            finished=dict(self.finished),
+            steps=self.num_steps,
+        )
 
 
 def _sample_row(seq: Sequence) -> SampleRow:

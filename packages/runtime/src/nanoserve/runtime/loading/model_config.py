@@ -150,7 +150,7 @@ class ModelConfig:
 
         num_heads = field("num_attention_heads")
         hidden_size = field("hidden_size")
-        head_dim = config_json.get("head_dim")
+        head_dim: Any = config_json.get("head_dim")  # checked with the rest by check()
         if head_dim is None and isinstance(hidden_size, int) and isinstance(num_heads, int):
             if num_heads <= 0 or hidden_size % num_heads:
                 problem = f"hidden_size={hidden_size} is not a multiple of num_attention_heads={num_heads}"
@@ -197,7 +197,7 @@ class ModelConfig:
                 "original_max_position_embeddings": s.original_max_position_embeddings,
             }
         eos: int | list[int] | None = list(self.eos_token_ids) or None
-        if eos is not None and len(eos) == 1:
+        if isinstance(eos, list) and len(eos) == 1:
             eos = eos[0]
         out: dict[str, Any] = {
             "architectures": [HF_CLASS_NAMES[self.architecture]],

@@ -24,8 +24,8 @@ from typing import Any
 
 import torch
 
-from nanoserve.runtime.checkpoint import Checkpoint, load_checkpoint
 from nanoserve.runtime.errors import WeightsError
+from nanoserve.runtime.loading.checkpoint import Checkpoint, load_checkpoint
 
 # Bump when convert_gguf's output changes: cached conversions from older versions are then ignored.
 CONVERTER_VERSION = 1
@@ -127,7 +127,7 @@ def _write_safetensors(
                 raise WeightsError(
                     path, f"expected float32 {expected!r}, got {tensor.dtype} {name!r}"
                 )
-            file.write(memoryview(tensor.contiguous().numpy()).cast("B"))
+            file.write(tensor.contiguous().numpy().tobytes())
 
 
 def _tokenizer_config(checkpoint: Checkpoint) -> dict[str, Any]:

@@ -5,12 +5,13 @@ from __future__ import annotations
 import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import cast
 
-from nanoserve.runtime.build import build_engine
-from nanoserve.runtime.engine import Engine
+from nanoserve.runtime.engine.build import build_engine
+from nanoserve.runtime.engine.engine import Engine, RequestError
+from nanoserve.runtime.engine.sampling_params import SamplingParams
 from nanoserve.runtime.engine_config import EngineConfig
-from nanoserve.runtime.sampling_params import SamplingParams
-from nanoserve.runtime.tokenizer import Tokenizer
+from nanoserve.runtime.text.tokenizer import Tokenizer
 
 Prompt = str | Sequence[int]
 Message = Mapping[str, str]
@@ -59,20 +60,17 @@ class LLM:
         prompts: Prompt | Sequence[Prompt],
         params: SamplingParams | Sequence[SamplingParams] | None = None,
     ) -> list[RequestOutput]:
-        if isinstance(prompts, str) or (
-            isinstance(prompts, Sequence) and prompts and isinstance(prompts[0], int)
-        ):
-            prompts = [prompts]  # type: ignore[list-item]
-        prompts = list(prompts)  # type: ignore[arg-type]
+        one = isinstance(prompts, str) or bool(prompts and isinstance(prompts[0], int))
+        batch = [cast(Prompt, prompts)] if one else list(cast(Sequence[Prompt], prompts))
         if params is None or isinstance(params, SamplingParams):
-            params = [params or SamplingParams()] * len(prompts)
-        if len(params) != len(prompts):
-            raise ValueError(f"{len(prompts)} prompts but {len(params)} SamplingParams")
-        encoded = [
+            params = [params or SamplingParams()] * len(batch)
+        if len(params) != len(batch):
+            raise RequestError("params", f"{len(batch)} prompts but {len(params)} SamplingParams")
+        encoded: list[tuple[str | None, list[int]]] = [
             (p, self.engine.tokenizer.encode(p, add_special_tokens=True))
             if isinstance(p, str)
             else (None, list(p))
-            for p in prompts
+            for p in batch
         ]
         return self._run(encoded, list(params))
 
@@ -81,10 +79,16 @@ class LLM:
         conversations: Sequence[Message] | Sequence[Sequence[Message]],
         params: SamplingParams | Sequence[SamplingParams] | None = None,
     ) -> list[RequestOutput]:
-        if conversations and isinstance(conversations[0], Mapping):
-            conversations = [conversations]  # type: ignore[list-item]
-        texts = [self.engine.render_chat(list(c)) for c in conversations]  # type: ignore[arg-type]
-        encoded = [(t, self.engine.tokenizer.encode(t, add_special_tokens=False)) for t in texts]
+        one = bool(conversations) and isinstance(conversations[0], Mapping)
+        batch = (
+            [cast(Sequence[Message], conversations)]
+            if one
+            else list(cast(Sequence[Sequence[Message]], conversations))
+        )
+        texts = [self.engine.render_chat(list(c)) for c in batch]
+        encoded: list[tuple[str | None, list[int]]] = [
+            (t, self.engine.tokenizer.encode(t, add_special_tokens=False)) for t in texts
+        ]
         if params is None or isinstance(params, SamplingParams):
             params = [params or SamplingParams()] * len(texts)
         return self._run(encoded, list(params))

@@ -13,8 +13,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from nanoserve.core.errors import NanoserveError
-from nanoserve.runtime.block_manager import BlockManager
-from nanoserve.runtime.sequence import Sequence, Status
+from nanoserve.runtime.engine.block_manager import BlockManager
+from nanoserve.runtime.engine.sequence import Sequence, Status
 
 
 class QueueFullError(NanoserveError):
@@ -131,14 +131,10 @@ class Scheduler:
             watermark = self.watermark_blocks if self.running else 0
             if not self.blocks.can_allocate(needed, watermark):
                 self.blocks.release(seq.block_table)
-                if self.blocks.enable_prefix_cache:
-                    # Not admitted, so not a cache query: it is matched again next step, and
-                    # counting every retry would report a hit rate no request saw.
-                    self.blocks.stats.queried_tokens -= len(tokens)
-                    self.blocks.stats.hit_tokens -= seq.num_cached
                 seq.num_computed = seq.num_cached = 0
                 break
             self.blocks.grow(seq.block_table, seq.num_computed + num_new)
+            self.blocks.count_admitted(len(tokens), seq.num_cached)
             self.waiting.popleft()
             seq.status = Status.RUNNING
             self.running.append(seq)

@@ -15,13 +15,12 @@ from dataclasses import dataclass
 
 import torch
 
-from nanoserve.core import DecodeBuffers, Shape, SlotTable, plan_kv_pool, warmup_plan
-from nanoserve.core.step_footprint import StepFootprint
-from nanoserve.runtime.capture_guard import capture_guard
-from nanoserve.runtime.graphs import DecodeGraphs, FrozenCallBackend
-from nanoserve.runtime.kv_pool import KVPool
-from nanoserve.runtime.model import LlamaModel
-from nanoserve.runtime.model_config import ModelConfig
+from nanoserve.core import DecodeBuffers, Shape, SlotTable, padding_plan, plan_kv_pool
+from nanoserve.runtime.decode.capture_guard import capture_guard
+from nanoserve.runtime.decode.graphs import DecodeGraphs, FrozenCallBackend
+from nanoserve.runtime.loading.model_config import ModelConfig
+from nanoserve.runtime.model.kv_pool import KVPool
+from nanoserve.runtime.model.llama import LlamaModel
 
 TRACE_DEVICE = torch.device("meta")
 
@@ -71,21 +70,14 @@ def trace_recorded_steps(
         table,
         buffers,
         backend=FrozenCallBackend(),
-        footprint=StepFootprint(
-            config.num_heads,
-            config.num_kv_heads,
-            config.head_dim,
-            config.vocab_size,
-            pool_bytes=model.dtype.itemsize,
-            accum_bytes=model.accum_dtype.itemsize,
-        ),
+        footprint=model.step_footprint(),
         budget_bytes=lambda: 1 << 62,
     )
     traced: list[Shape] = []
     ops = 0
     with torch.inference_mode():
         for shape in shapes:
-            plan = buffers.load(warmup_plan(shape.rows, shape.width, table=table))
+            plan = buffers.load(padding_plan(shape.rows, shape.width, table=table))
             with capture_guard(TRACE_DEVICE) as guard:
                 graphs.step(plan, pool.warm())
             ops += guard.num_ops

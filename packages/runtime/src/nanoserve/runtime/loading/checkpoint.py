@@ -17,12 +17,12 @@ from typing import TYPE_CHECKING, Literal, Protocol
 import torch
 
 from nanoserve.runtime.errors import WeightsError
-from nanoserve.runtime.hf_dir import HfDir
-from nanoserve.runtime.model_config import ModelConfig
-from nanoserve.runtime.tokenizer import Tokenizer
+from nanoserve.runtime.loading.hf_dir import HfDir
+from nanoserve.runtime.loading.model_config import ModelConfig
+from nanoserve.runtime.text.tokenizer import Tokenizer
 
 if TYPE_CHECKING:  # gguf_file imports gguf, which a GPU machine without an index may lack
-    from nanoserve.runtime.gguf_file import GgufFile
+    from nanoserve.runtime.loading.gguf_file import GgufFile
 
 # Tensors some checkpoints carry that are derived, not learned: skipped rather than rejected.
 _IGNORED_SUFFIXES = (".rotary_emb.inv_freq",)
@@ -71,7 +71,7 @@ def load_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
         source, fmt = HfDir.open(path), "hf"
     elif path.is_file() and path.suffix.lower() == ".gguf":
         # Imported here: only a .gguf needs the gguf package; a Hugging Face directory does not.
-        from nanoserve.runtime.gguf_file import GgufFile
+        from nanoserve.runtime.loading.gguf_file import GgufFile
 
         source, fmt = GgufFile.open(path), "gguf"
     elif path.exists():

@@ -108,9 +108,15 @@ class BlockManager:
         for block in blocks:
             self.allocator.fork(block)
             self._evictable.pop(block, None)
-        self.stats.queried_tokens += len(token_ids)
-        self.stats.hit_tokens += len(blocks) * bs
         return blocks
+
+    def count_admitted(self, num_tokens: int, num_cached: int) -> None:
+        """A sequence of num_tokens was admitted with num_cached of them from the cache. Counted
+        here, once, rather than in match_prefix: a sequence that matched but found no room is
+        matched again next step, and counting each try would report a rate no request saw."""
+        if self.enable_prefix_cache:
+            self.stats.queried_tokens += num_tokens
+            self.stats.hit_tokens += num_cached
 
     def cache_full_blocks(
         self,

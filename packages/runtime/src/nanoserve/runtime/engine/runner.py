@@ -12,23 +12,20 @@ import torch
 
 from nanoserve.core import (
     BucketSet,
-    DecodeBuffers,
     DecodePlan,
     DecodeSeq,
     PrefillChunk,
-    SlotTable,
     bucket_decode,
     plan_decode,
     plan_prefill,
 )
-from nanoserve.core.step_footprint import StepFootprint
-from nanoserve.runtime.decode_inputs import DecodeInputs
+from nanoserve.runtime.decode.decode_inputs import DecodeInputs
+from nanoserve.runtime.decode.graphs import Backend, DecodeGraphs, StepFn, default_backend
+from nanoserve.runtime.engine.scheduler import SchedulerOutput
 from nanoserve.runtime.engine_config import EngineConfig
-from nanoserve.runtime.graphs import Backend, DecodeGraphs, StepFn, default_backend
-from nanoserve.runtime.kv_pool import CacheRows, KVPool
-from nanoserve.runtime.memory import free_bytes
-from nanoserve.runtime.model import LlamaModel
-from nanoserve.runtime.scheduler import SchedulerOutput
+from nanoserve.runtime.model.kv_pool import CacheRows, KVPool
+from nanoserve.runtime.model.llama import LlamaModel
+from nanoserve.runtime.model.memory import free_bytes
 
 
 class ModelRunner:
@@ -44,37 +41,24 @@ class ModelRunner:
         self.pool = pool
         self.config = config
         self.sink_slot = pool.plan.sink_slot
-        cfg = model.config
-        self.footprint = StepFootprint(
-            num_heads=cfg.num_heads,
-            num_kv_heads=cfg.num_kv_heads,
-            head_dim=cfg.head_dim,
-            vocab_size=cfg.vocab_size,
-            pool_bytes=pool.plan.dtype.itemsize,
-            accum_bytes=model.accum_dtype.itemsize,
-        )
+        self.footprint = model.step_footprint()
         device = pool.device
-        self.buckets = (
-            BucketSet(config.max_batch, config.max_model_len, config.width_multiple)
-            if config.bucket_decode
-            else None
-        )
-        self.table: SlotTable | None = None
-        self.buffers: DecodeBuffers | None = None
-        self.graphs: DecodeGraphs | None = None
+        mode = config.decode_mode
+        self.buckets: BucketSet | None = None
         self.inputs: DecodeInputs | None = None
-        if config.persist_inputs:
+        self.graphs: DecodeGraphs | None = None
+        if mode.buckets:
+            self.buckets = BucketSet(config.max_batch, config.max_model_len, config.width_multiple)
+        if mode.persistent:
             self.inputs = DecodeInputs(
                 config.max_batch, config.max_model_len, self.sink_slot, device
             )
-            self.table = self.inputs.table
-            self.buffers = self.inputs.buffers
-        if config.capture_decode:
-            assert self.table is not None and self.buffers is not None
+        if mode.recorded:
+            assert self.inputs is not None
             self.graphs = DecodeGraphs(
                 _decode_step(model),
-                self.table,
-                self.buffers,
+                self.inputs.table,
+                self.inputs.buffers,
                 backend=backend or default_backend(device),
                 footprint=self.footprint,
                 budget_bytes=self.warm_budget_bytes,
@@ -100,7 +84,7 @@ class ModelRunner:
             tokens = seq.token_ids()[start : start + item.num_new]
             chunks.append(PrefillChunk(seq.seq_id, tuple(tokens), start, seq.block_table))
         plan = plan_prefill(chunks, sink_slot=self.sink_slot, device=self.pool.device)
-        logits = self.model.forward(plan, self.pool.view(plan.rows))  # [chunks, vocab]
+        logits = self.model.forward(plan, self.pool.view(plan.seq_ids))  # [chunks, vocab]
         sampling = [i for i, item in enumerate(out.scheduled) if item.samples]
         return logits if len(sampling) == len(chunks) else logits[sampling]
 
@@ -113,19 +97,15 @@ class ModelRunner:
             # Planned on the host, moved in one copy (persistent inputs).
             width = max(s.position for s in seqs) + 1
             return self.inputs.load(seqs, self.buckets.bucket_of(len(seqs), width))
-        plan = plan_decode(
-            seqs, sink_slot=self.sink_slot, table=self.table, device=self.pool.device
-        )
+        plan = plan_decode(seqs, sink_slot=self.sink_slot, device=self.pool.device)
         if self.buckets is not None:
-            plan = bucket_decode(plan, self.buckets, self.table)
-        if self.buffers is not None:
-            plan = self.buffers.load(plan)
+            plan = bucket_decode(plan, self.buckets)
         return plan
 
     def _decode(self, out: SchedulerOutput) -> torch.Tensor:
         plan = self.plan_decode_step(out)
-        real = len(plan.rows)
-        cache = self.pool.view(plan.rows)
+        real = len(plan.seq_ids)
+        cache = self.pool.view(plan.seq_ids)
         if self.graphs is not None:
             logits = self.graphs.run(plan, cache)
         else:
@@ -134,8 +114,8 @@ class ModelRunner:
 
     def release(self, seq_id: int) -> None:
         """A sequence finished or was preempted: its table rows must be rewritten from 0."""
-        if self.table is not None:
-            self.table.release(seq_id)
+        if self.inputs is not None:
+            self.inputs.table.release(seq_id)
 
 
 def _decode_step(model: LlamaModel) -> StepFn:

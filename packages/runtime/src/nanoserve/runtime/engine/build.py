@@ -10,39 +10,27 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
 from pathlib import Path
 
-from nanoserve.core import Shape, warm_shapes
-from nanoserve.runtime.chat_template import ChatTemplate
-from nanoserve.runtime.checkpoint import load_checkpoint
-from nanoserve.runtime.embedded import embedded_model_path
-from nanoserve.runtime.engine import Engine
+from nanoserve.core import Shape
+from nanoserve.runtime.decode.warmup import WarmEstimate, WarmPlan, WarmupReport, check_cancelled
+from nanoserve.runtime.engine.engine import Engine
+from nanoserve.runtime.engine.sampling_params import SamplingParams
 from nanoserve.runtime.engine_config import EngineConfig
 from nanoserve.runtime.errors import ChatTemplateError
-from nanoserve.runtime.model import LlamaModel
-from nanoserve.runtime.sampling_params import SamplingParams
-from nanoserve.runtime.warmup import WarmEstimate, check_cancelled
+from nanoserve.runtime.loading.checkpoint import load_checkpoint
+from nanoserve.runtime.loading.embedded import embedded_model_path
+from nanoserve.runtime.model.llama import LlamaModel
+from nanoserve.runtime.text.chat_template import ChatTemplate
 
 log = logging.getLogger("nanoserve")
-
-
-@dataclass(frozen=True, slots=True)
-class WarmPlan:
-    """What the warm-up will record, and why the list is as long as it is."""
-
-    max_rows: int
-    max_width: int  # min(deployment's context limit, budget's width ceiling)
-    budget_bytes: int
-    width_ceiling: int
-    num_shapes: int
 
 
 def resolve_model_path(model: str | None) -> Path:
     """The checkpoint to load: a directory, a GGUF file (converted once, cached), or embedded."""
     path = Path(model) if model else embedded_model_path()
     if path.suffix == ".gguf" and path.is_file():
-        from nanoserve.runtime.convert import cached_conversion
+        from nanoserve.runtime.loading.convert import cached_conversion
 
         return cached_conversion(path)
     return path
@@ -77,74 +65,44 @@ def build_engine(
     name = config.served_model_name or (
         Path(config.model).name if config.model else "SmolLM2-135M-Instruct"
     )
-    engine = Engine(model, checkpoint.tokenizer, config, chat_template=chat_template, name=name)
+    engine = Engine(
+        model,
+        checkpoint.tokenizer,
+        config,
+        chat_template=chat_template,
+        name=name,
+        boot_started=started,
+    )
     say(
         f"planned K/V pool: {engine.pool_plan.num_blocks} blocks of {config.block_size}"
         f" ({engine.pool_plan.total_bytes / 2**20:.0f} MiB) for {config.max_model_len}-token contexts"
     )
-    if config.capture_decode and config.warm:
+    if config.decode_mode.recorded and config.warm:
         check_cancelled(cancel, "before the warm-up")
         warm(engine, say, cancel)
     check_cancelled(cancel, "before the first forward")
     say("running one real forward")
     first_forward(engine)
-    seconds = time.perf_counter() - started
-    engine.ready_seconds = seconds
-    say(boot_line(engine, seconds))
+    say(boot_line(engine, engine.mark_ready() or 0.0))
     return engine
-
-
-def plan_warm(engine: Engine) -> tuple[WarmPlan, tuple, tuple]:
-    config = engine.config
-    buckets = engine.runner.buckets
-    assert buckets is not None and config.warm_max_rows and config.warm_max_width
-    max_rows = min(config.warm_max_rows, config.max_batch)
-    budget = engine.runner.warm_budget_bytes()
-    ceiling = engine.runner.footprint.width_ceiling(budget, max_rows)
-    max_width = min(config.warm_max_width, ceiling)
-    by_rows = warm_shapes(buckets, max_rows=max_rows, max_width=config.warm_max_width)
-    shapes = warm_shapes(buckets, max_rows=max_rows, max_width=max_width)
-    skipped = tuple(
-        (s, f"wider than the budget's width ceiling of {ceiling} tokens")
-        for s in by_rows
-        if s not in set(shapes)
-    )
-    plan = WarmPlan(max_rows, max_width, budget, ceiling, len(shapes))
-    return plan, shapes, skipped
 
 
 def warm(
     engine: Engine,
     say: Callable[[str], None] = log.info,
     cancel: threading.Event | None = None,
-) -> None:
-    """Price the memory-trimmed list, trim it to the time budget, say so, then record it."""
-    plan, shapes, skipped = plan_warm(engine)
-    if shapes:
-        probes = " and ".join(dict.fromkeys(_shape(s) for s in (shapes[0], shapes[-1])))
-        say(f"pricing {len(shapes)} decode shapes: timing one recording at {probes}")
-
-    def announce(estimate: WarmEstimate) -> None:
-        say(warm_line(plan, estimate, num_skipped=len(skipped) + len(estimate.skipped)))
-
-    report = engine.warm_decode(
-        shapes,
-        skipped=skipped,
-        budget_seconds=engine.config.warm_seconds,
-        cancel=cancel,
-        announce=announce,
-    )
-    engine.warm_plan = plan
-    engine.warm_report = replace(
-        report,
-        max_rows=plan.max_rows,
-        max_width=_time_trimmed(plan.max_width, report.time_ceiling),
-        width_ceiling=plan.width_ceiling,
-        budget_bytes=plan.budget_bytes,
+) -> WarmupReport:
+    """Plan the memory-trimmed list, say what is priced, then the estimate, then record it."""
+    plan = engine.plan_warm()
+    if plan.shapes:
+        probes = " and ".join(dict.fromkeys(_shape(s) for s in (plan.shapes[0], plan.shapes[-1])))
+        say(f"pricing {len(plan.shapes)} decode shapes: timing one recording at {probes}")
+    return engine.warm(
+        plan, cancel=cancel, announce=lambda plan, estimate: say(warm_line(plan, estimate))
     )
 
 
-def warm_line(plan: WarmPlan, estimate: WarmEstimate, *, num_skipped: int) -> str:
+def warm_line(plan: WarmPlan, estimate: WarmEstimate) -> str:
     """The estimate, said before the work (and so /health's phase while it is done)."""
     num_shapes = len(estimate.shapes)
     per_shape = estimate.seconds / num_shapes if num_shapes else 0.0
@@ -157,7 +115,7 @@ def warm_line(plan: WarmPlan, estimate: WarmEstimate, *, num_skipped: int) -> st
         f" width <= {_time_trimmed(plan.max_width, estimate.time_ceiling)}):"
         f" estimated {estimate.seconds:.1f} s ({per_shape:.2f} s/shape measured at {measured});"
         f" time budget {budget}, memory ceiling {plan.width_ceiling} tokens,"
-        f" {num_skipped} skipped"
+        f" {len(plan.skipped) + len(estimate.skipped)} skipped"
     )
     if dropped:
         line += f"; probe {', '.join(dropped)} spent, then trimmed"
@@ -191,14 +149,14 @@ def boot_line(engine: Engine, seconds: float) -> str:
     ]
     if engine.warm_report is not None:
         report = engine.warm_report
-        estimated = report.estimated_seconds or 0.0
+        estimated = report.estimate.seconds
         over_time = report.num_over_time
         parts.append(
             f"graphs={report.num_recorded} ({report.backend}, est {estimated:.2f}s,"
             f" took {report.total_seconds:.2f}s; skipped {len(report.skipped) - over_time}"
             f" by memory, {over_time} by time)"
         )
-    elif engine.config.capture_decode:
+    elif engine.config.decode_mode.recorded:
         parts.append("graphs=lazy (recorded in front of clients)")
     parts.append(f"ready in {seconds:.1f}s")
     return " ".join(parts)

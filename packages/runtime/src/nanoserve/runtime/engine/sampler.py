@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from nanoserve.runtime.sampling_params import SamplingParams
+from nanoserve.runtime.engine.sampling_params import SamplingParams
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,7 +17,8 @@ import json
 import os
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, NoReturn
+from pathlib import Path
+from typing import Any, NoReturn, Protocol
 
 import jinja2
 import jinja2.ext
@@ -28,11 +29,20 @@ from jinja2.exceptions import SecurityError, TemplateError, TemplateSyntaxError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from nanoserve.runtime.errors import ChatTemplateError
-
-if TYPE_CHECKING:
-    from nanoserve.runtime.checkpoint import Checkpoint
+from nanoserve.runtime.text.tokenizer import Tokenizer
 
 Message = Mapping[str, Any]
+
+
+class TemplateSource(Protocol):
+    """Where a template comes from (a loaded checkpoint): its text, tokenizer and path."""
+
+    @property
+    def chat_template(self) -> str | None: ...
+    @property
+    def tokenizer(self) -> Tokenizer: ...
+    @property
+    def path(self) -> Path: ...
 
 
 class ChatTemplate:
@@ -60,7 +70,7 @@ class ChatTemplate:
             ) from None
 
     @classmethod
-    def from_checkpoint(cls, checkpoint: Checkpoint) -> ChatTemplate:
+    def from_checkpoint(cls, checkpoint: TemplateSource) -> ChatTemplate:
         tokenizer = checkpoint.tokenizer
         special = {
             "bos_token": tokenizer.id_to_token(tokenizer.bos_token_id)
@@ -117,7 +127,7 @@ class _GenerationTag(jinja2.ext.Extension):
     """`{% generation %}...{% endgeneration %}`: transformers marks assistant text with it for
     training masks; rendering only needs the body."""
 
-    tags = frozenset({"generation"})
+    tags = {"generation"}  # noqa: RUF012 (jinja2 declares a set)
 
     def parse(self, parser: jinja2.parser.Parser) -> jinja2.nodes.Node:
         lineno = next(parser.stream).lineno

@@ -25,8 +25,8 @@ from nanoserve.runtime.errors import (
     TokenizerError,
     WeightsError,
 )
-from nanoserve.runtime.model_config import ModelConfig
-from nanoserve.runtime.tokenizer import Tokenizer
+from nanoserve.runtime.loading.model_config import ModelConfig
+from nanoserve.runtime.text.tokenizer import Tokenizer
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"

@@ -14,7 +14,7 @@ from nanoserve.core import (
     paged_prefill_attention,
 )
 from nanoserve.core.errors import GeometryError
-from nanoserve.runtime.device import resolve_device
+from nanoserve.runtime.model.device import resolve_device
 
 
 class KVPool:
@@ -71,12 +71,12 @@ class KVPool:
         """Copies of pools(), for the warm-up's before/after comparison."""
         return [t.clone() for t in self.pools()]
 
-    def view(self, rows: tuple[int, ...]) -> CacheRows:
+    def view(self, seq_ids: tuple[int, ...]) -> CacheRows:
         """The cache as a scheduled step sees it. A scheduled view over no rows is a forward
         with nothing in it, so it is refused; the warm-up says what it means with `warm()`."""
-        if not rows:
+        if not seq_ids:
             raise EmptySelectionError("a scheduled cache view needs at least one row")
-        return CacheRows(self, rows)
+        return CacheRows(self, seq_ids)
 
     def warm(self) -> CacheRows:
         """The empty selection: "the rows this plan addresses", which on a warm plan is none."""
@@ -97,16 +97,18 @@ class CacheRows:
     an empty one reads every row of the plan, padded rows included (masked, writing the sink)."""
 
     pool: KVPool
-    rows: tuple[int, ...]
+    seq_ids: tuple[int, ...]
 
-    def _check(self, plan_rows: tuple[int, ...]) -> None:
-        if self.rows and self.rows != plan_rows:
-            raise CacheRowsError(f"a view bound to rows {self.rows} used for rows {plan_rows}")
+    def _check(self, plan_seq_ids: tuple[int, ...]) -> None:
+        if self.seq_ids and self.seq_ids != plan_seq_ids:
+            raise CacheRowsError(
+                f"a view bound to sequences {self.seq_ids} used for sequences {plan_seq_ids}"
+            )
 
     def write(
         self, layer: int, plan: DecodePlan | PrefillPlan, k: torch.Tensor, v: torch.Tensor
     ) -> None:
-        self._check(plan.rows)
+        self._check(plan.seq_ids)
         self.pool.write(layer, plan.write_slots, k, v)
 
     def paged_attention(
@@ -117,7 +119,7 @@ class CacheRows:
         scale: float,
         accum_dtype: torch.dtype,
     ) -> torch.Tensor:
-        self._check(plan.rows)
+        self._check(plan.seq_ids)
         k_pool, v_pool = self.pool.layer(layer)
         if isinstance(plan, DecodePlan):
             return paged_decode_attention(
@@ -136,4 +138,4 @@ class CacheRows:
 
     def num_logit_rows(self, plan: DecodePlan) -> int:
         """Logits come back for the selected rows; the empty selection means all of them."""
-        return len(self.rows) if self.rows else plan.num_rows
+        return len(self.seq_ids) if self.seq_ids else plan.num_rows

@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 import torch
 
 from nanoserve.core import BlockTable
-from nanoserve.runtime.sampling_params import SamplingParams
-from nanoserve.runtime.tokenizer import IncrementalDetokenizer
+from nanoserve.runtime.engine.sampling_params import SamplingParams
+from nanoserve.runtime.text.tokenizer import IncrementalDetokenizer
 
 
 class Status(enum.Enum):

@@ -9,16 +9,17 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import TypeAlias
 
 import torch
 import torch.nn.functional as F
 
-from nanoserve.core import DecodePlan, PrefillPlan
-from nanoserve.runtime.device import resolve_device
+from nanoserve.core import DecodePlan, PrefillPlan, StepFootprint
 from nanoserve.runtime.errors import WeightsError
-from nanoserve.runtime.int8_weight import Int8Weight
-from nanoserve.runtime.kv_pool import CacheRows
-from nanoserve.runtime.model_config import ModelConfig, rope_inv_freq
+from nanoserve.runtime.loading.model_config import ModelConfig, rope_inv_freq
+from nanoserve.runtime.model.device import resolve_device
+from nanoserve.runtime.model.int8_weight import Int8Weight, check_quantize
+from nanoserve.runtime.model.kv_pool import CacheRows
 
 # fp32 GEMM rows in a tail of 1-3 past a multiple of 8 take another kernel (different low
 # bits); at a multiple of 4 every row's result is independent of the batch it sits in.
@@ -50,8 +51,7 @@ def invariance(dtype: torch.dtype, batch_invariant: bool, device: torch.device |
     return "batch and bucket" if batch_invariant and cpu else "bucket shape"
 
 
-Linear = torch.Tensor | Int8Weight
-QUANTIZATIONS = ("int8",)
+Linear: TypeAlias = torch.Tensor | Int8Weight
 
 
 @dataclass(slots=True)
@@ -79,8 +79,7 @@ class LlamaModel:
         max_positions: int | None = None,
         quantize: str | None = None,
     ) -> None:
-        if quantize is not None and quantize not in QUANTIZATIONS:
-            raise ValueError(f"quantize must be one of {QUANTIZATIONS} or None, got {quantize!r}")
+        check_quantize(quantize)
         self.config = config
         self.quantize = quantize
         self.dtype = dtype
@@ -170,6 +169,19 @@ class LlamaModel:
         return cls(config, weights, dtype=dtype, device=device, **kwargs)  # type: ignore[arg-type]
 
     # -- pieces ---------------------------------------------------------------------------
+
+    def step_footprint(self) -> StepFootprint:
+        """What one decode step of this model needs at its peak, by shape (the recording
+        budget's and the warm list's one price)."""
+        cfg = self.config
+        return StepFootprint(
+            num_heads=cfg.num_heads,
+            num_kv_heads=cfg.num_kv_heads,
+            head_dim=cfg.head_dim,
+            vocab_size=cfg.vocab_size,
+            pool_bytes=self.dtype.itemsize,
+            accum_bytes=self.accum_dtype.itemsize,
+        )
 
     def _linear(self, x: torch.Tensor, w: Linear, b: torch.Tensor | None = None) -> torch.Tensor:
         if isinstance(w, Int8Weight):

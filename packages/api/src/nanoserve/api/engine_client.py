@@ -1,0 +1,90 @@
+"""EngineClient: everything the server asks of an engine, and nothing more.
+
+`AsyncEngine` honours it; so does the tests' fake engine, which is why the routes, /health and
+/metrics can be tested in milliseconds without a model. Handlers, translation and response
+building are typed against it, never against `Engine`, its scheduler, blocks or runner: a
+snapshot (`status()`) is the only window on the engine's internals.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from typing import Any, Protocol
+
+from nanoserve.runtime.engine.async_engine import AsyncEngine, RequestTimes
+from nanoserve.runtime.engine.build import build_engine
+from nanoserve.runtime.engine.engine_status import EngineStatus
+from nanoserve.runtime.engine.sampling_params import SamplingParams
+from nanoserve.runtime.engine.sequence import Delta
+from nanoserve.runtime.engine_config import EngineConfig
+
+
+class TokenCodec(Protocol):
+    """The tokenizer, as far as the server reads it: prompts in, token texts out."""
+
+    def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]: ...
+
+    def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = False) -> str: ...
+
+
+class DeltaStream(Protocol):
+    """One submitted request's deltas until its n samples finish. Closing it early aborts the
+    request (its blocks are freed at once)."""
+
+    def __aiter__(self) -> AsyncIterator[Delta]: ...
+
+    async def aclose(self) -> None: ...
+
+
+class EngineClient(Protocol):
+    observer: Callable[[RequestTimes], None] | None  # told each request's times at its end
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def max_model_len(self) -> int: ...
+
+    @property
+    def tokenizer(self) -> TokenCodec: ...
+
+    @property
+    def num_pending(self) -> int:
+        """Requests accepted but not yet handed to the engine (queued, for /metrics)."""
+        ...
+
+    def render_chat(self, messages: Sequence[Mapping[str, Any]], **extra: object) -> str: ...
+
+    def default_max_tokens(self, prompt_len: int) -> int:
+        """What a request that leaves max_tokens unset may generate."""
+        ...
+
+    def submit(
+        self, request_id: str, prompt_ids: Sequence[int], params: SamplingParams
+    ) -> DeltaStream:
+        """Validate and queue now, raising the engine's named errors (a refusal surfaces before
+        any byte of an answer is sent); iterate the stream for deltas."""
+        ...
+
+    def status(self) -> EngineStatus: ...
+
+    async def start(self) -> None: ...
+
+    async def shutdown(self, grace_seconds: float) -> None: ...
+
+
+class EngineFactory(Protocol):
+    """Builds the engine in the boot thread: `say` reports progress (the latest line is /health's
+    phase), `cancel` is set by a shutdown (stop at the next boundary: WarmupCancelled)."""
+
+    def __call__(
+        self, config: EngineConfig, say: Callable[[str], None], cancel: threading.Event
+    ) -> EngineClient: ...
+
+
+def build_async_engine(
+    config: EngineConfig, say: Callable[[str], None], cancel: threading.Event
+) -> EngineClient:
+    """The real engine: load, plan, warm (honouring cancel), then wrap it for the event loop."""
+    return AsyncEngine(build_engine(config, say=say, cancel=cancel))

@@ -1,0 +1,106 @@
+"""Streamed answers: OpenAI chunks as server-sent events, `data: {json}` each, `data: [DONE]` last.
+
+Each generator owns its MergedStream: leaving it for any reason (the end, an engine error, a
+client gone, which cancels it at its `await`) closes the engine streams, so the requests are
+aborted and their blocks freed at once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+from nanoserve.api.merged_stream import MergedStream
+from nanoserve.api.response_builders import (
+    Answer,
+    chat_logprobs,
+    completion_logprobs,
+    echo_prefixes,
+    usage,
+)
+from nanoserve.api.schemas import ChatChunkChoice, ChatDelta, CompletionChoice, encode
+from nanoserve.api.translate import ChatInputs, CompletionInputs
+
+DONE = "[DONE]"
+Event = dict[str, str]  # what Litestar's ServerSentEvent frames as `data: ...`
+
+
+def event(data: object) -> Event:
+    return {"data": encode(data).decode()}
+
+
+def completion_events(
+    answer: Answer, inputs: CompletionInputs, merged: MergedStream
+) -> AsyncIterator[Event]:
+    # Echo texts are decoded now, before the first byte: a failure is still an error response.
+    return _completion_events(answer, inputs, merged, echo_prefixes(inputs, answer.tokenizer))
+
+
+async def _completion_events(
+    answer: Answer, inputs: CompletionInputs, merged: MergedStream, echo: list[str]
+) -> AsyncIterator[Event]:
+    n = inputs.params.n
+    completion, cached, echoed = 0, 0, set()
+    try:
+        async for prompt_index, delta in merged:
+            index = prompt_index * n + delta.index
+            text = delta.text
+            if inputs.echo and index not in echoed:  # each choice's first chunk carries it
+                echoed.add(index)
+                text = echo[prompt_index] + text
+            completion += len(delta.token_ids)
+            cached = max(cached, delta.cached_tokens)
+            logprobs = None
+            if delta.logprobs is not None:
+                logprobs = completion_logprobs(
+                    answer.tokenizer,
+                    list(delta.token_ids),
+                    list(delta.logprobs),
+                    list(delta.top_logprobs or ()),
+                    0,
+                )
+            if not text and not delta.token_ids and delta.finish_reason is None:
+                continue  # nothing to say (a stop string's possible prefix held back)
+            choice = CompletionChoice(
+                index=index, text=text, logprobs=logprobs, finish_reason=delta.finish_reason
+            )
+            yield event(answer.completion([choice]))
+        if inputs.include_usage:
+            yield event(answer.completion([], usage(inputs.prompt_tokens, completion, cached)))
+        yield {"data": DONE}
+    finally:
+        await merged.close()
+
+
+async def chat_events(
+    answer: Answer, inputs: ChatInputs, merged: MergedStream
+) -> AsyncIterator[Event]:
+    completion, cached = 0, 0
+    try:
+        for i in range(inputs.params.n):  # OpenAI opens each choice with its role
+            role = ChatDelta(role="assistant", content="")
+            yield event(answer.chat_chunk([ChatChunkChoice(index=i, delta=role)]))
+        async for _, delta in merged:
+            completion += len(delta.token_ids)
+            cached = max(cached, delta.cached_tokens)
+            if not delta.text and delta.finish_reason is None and delta.logprobs is None:
+                continue
+            logprobs = None
+            if delta.logprobs is not None:
+                logprobs = chat_logprobs(
+                    answer.tokenizer,
+                    list(delta.token_ids),
+                    list(delta.logprobs),
+                    list(delta.top_logprobs or ()),
+                )
+            choice = ChatChunkChoice(
+                index=delta.index,
+                delta=ChatDelta(content=delta.text) if delta.text else ChatDelta(),
+                logprobs=logprobs,
+                finish_reason=delta.finish_reason,
+            )
+            yield event(answer.chat_chunk([choice]))
+        if inputs.include_usage:
+            yield event(answer.chat_chunk([], usage(len(inputs.prompt_ids), completion, cached)))
+        yield {"data": DONE}
+    finally:
+        await merged.close()

@@ -1,0 +1,1 @@
+"""Requests to tokens: sequences, the scheduler, the runner, sampling, the engine and its async face."""

@@ -1,0 +1,48 @@
+"""EngineStatus: one frozen, typed snapshot of an engine — what /health and /metrics read.
+
+Taken between steps or during one (the step thread mutates the counters it copies): each
+number is read once, so a snapshot is consistent field by field, not across fields.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from nanoserve.core import KVPoolPlan
+from nanoserve.runtime.decode.graphs import GraphStats
+from nanoserve.runtime.decode.warmup import WarmupReport
+
+
+@dataclass(frozen=True, slots=True)
+class PrefixCacheCounts:
+    queried_tokens: int  # prompt tokens looked up, once per admitted sequence
+    hit_tokens: int  # of which found in the cache
+
+    @property
+    def hit_rate(self) -> float:
+        return self.hit_tokens / self.queried_tokens if self.queried_tokens else 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class EngineStatus:
+    model: str
+    dtype: str
+    quantize: str | None
+    device: str
+    decode_mode: str
+    max_model_len: int
+    ready_seconds: float | None  # the boot, load to first forward; None if built another way
+    pool: KVPoolPlan
+    blocks_in_use: int
+    kv_cache_usage: float  # blocks held by sequences / blocks, 0..1
+    warm: WarmupReport | None  # None: no warm-up ran (eager, or lazily recorded)
+    graphs: GraphStats | None  # None: the decode mode records nothing
+    running: int  # sequences scheduled
+    waiting: int  # sequences waiting (a request of n samples counts n)
+    waiting_requests: int
+    prefix_cache: PrefixCacheCounts
+    prompt_tokens: int
+    generation_tokens: int
+    finished: Mapping[str, int]  # finished sequences by finish reason
+    steps: int

@@ -1,0 +1,1 @@
+"""Weights and configuration: Hugging Face directories, GGUF files, the embedded model."""

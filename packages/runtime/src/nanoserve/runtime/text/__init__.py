@@ -1,0 +1,1 @@
+"""Text in and out: the tokenizer, incremental detokenizing, chat templates."""

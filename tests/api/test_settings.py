@@ -1,0 +1,66 @@
+"""ServerSettings: one table of options for flags and NANOSERVE_* variables; `--capture` is
+`--decode-mode recorded`, and the two may not contradict each other."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from nanoserve.api.cli import EXIT_FAILED, main
+from nanoserve.api.settings import ServerSettings, add_options, values_from_args, values_from_env
+from nanoserve.runtime.engine_config import DecodeMode, EngineConfigError
+
+
+def settings(*argv: str) -> ServerSettings:
+    parser = argparse.ArgumentParser()
+    add_options(parser)
+    return ServerSettings.from_values(values_from_args(parser.parse_args(list(argv))))
+
+
+@pytest.mark.parametrize(
+    ("argv", "mode"),
+    [
+        ((), DecodeMode.EAGER),
+        (("--capture",), DecodeMode.RECORDED),
+        (("--capture", "1"), DecodeMode.RECORDED),
+        (("--capture", "0"), DecodeMode.EAGER),
+        (("--decode-mode", "bucketed"), DecodeMode.BUCKETED),
+        (("--decode-mode", "persistent"), DecodeMode.PERSISTENT),
+        (("--decode-mode", "recorded", "--capture"), DecodeMode.RECORDED),
+    ],
+)
+def test_decode_mode_from_flags(argv: tuple[str, ...], mode: DecodeMode) -> None:
+    assert settings(*argv).engine.decode_mode is mode
+
+
+def test_decode_mode_from_the_environment() -> None:
+    env = ServerSettings.from_env({"NANOSERVE_DECODE_MODE": "persistent"})
+    assert env.engine.decode_mode is DecodeMode.PERSISTENT
+    assert (
+        ServerSettings.from_env({"NANOSERVE_CAPTURE": "1"}).engine.decode_mode
+        is DecodeMode.RECORDED
+    )
+
+
+def test_capture_and_another_mode_contradict() -> None:
+    with pytest.raises(
+        EngineConfigError,
+        match=r"^--capture means --decode-mode recorded; --decode-mode bucketed contradicts it$",
+    ):
+        settings("--capture", "--decode-mode", "bucketed")
+
+
+def test_an_unknown_mode_is_one_line_and_exit_1(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["serve", "--decode-mode", "graphs", "--port", "1"]) == EXIT_FAILED
+    assert capsys.readouterr() == (
+        "",
+        "nanoserve: decode_mode must be one of eager, bucketed, persistent, recorded,"
+        " got 'graphs'\n",
+    )
+
+
+def test_the_environment_is_parsed_in_one_place() -> None:
+    assert values_from_env({"NANOSERVE_MAX_BATCH": "8", "UNRELATED": "x"}) == {"max_batch": 8}
+    with pytest.raises(EngineConfigError, match=r"^NANOSERVE_KV_BUDGET: 'lots' is not a size"):
+        values_from_env({"NANOSERVE_KV_BUDGET": "lots"})
