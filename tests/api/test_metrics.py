@@ -213,7 +213,10 @@ def test_disconnect_mid_stream_frees_blocks(
     ):
         assert response.status_code == 200
         data: list[str] = []
-        for line in response.iter_lines():
+        # Held, not dropped: a finalized iter_lines generator closes the stream, and the server
+        # would see the client leave before `during` is read.
+        lines = response.iter_lines()
+        for line in lines:
             if line.startswith("data: "):
                 data.append(line)
             if len(data) >= 5:
