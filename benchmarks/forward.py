@@ -1,75 +1,106 @@
-"""Prefill and single-sequence decode speed of the embedded model, beside transformers.
+"""Prefill and single-stream decode of the embedded model, beside llama.cpp and transformers.
 
-    python -m benchmarks.forward [--repeats 3] [--decode-tokens 64]
+    python -m benchmarks.forward [--repeats 3] [--no-reference] [--no-peer]
 
-Both run the same dequantized SmolLM2-135M weights in the same process, fp32 and bf16.
-Prefill: one forward over a 64- and a 512-token prompt. Decode: tokens per second of a
-single greedy sequence after a 64-token prompt. Medians of --repeats runs; ratio = ours /
-transformers.
+In one process and run, on this machine: nanoserve in each weight form (fp32 exact, bf16,
+bf16 + int8, and q4 / q8 on nanoserve's CPU kernels), transformers (fp32, bf16) on the same
+dequantized weights, and llama.cpp's `llama-bench` (pp512 / tg128) on the same GGUF.
+
+- prefill: one forward over a 512-token prompt (tok/s), like pp512;
+- decode: 128 greedy tokens after a 16-token prompt (tok/s), like tg128;
+- accuracy: every fast form teacher-forced over a fixed 320-token text against the fp32 exact
+  form's logits: max and mean |logit difference| and top-1 agreement per position.
+
+Medians of --repeats runs; ratios are against the baseline measured in this run.
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import time
+from typing import Any
 
 import torch
 
-from benchmarks.common import median_seconds, pin_threads, table, write_csv
+from benchmarks.common import cpu_line, median_seconds, pin_threads, table, write_csv
+from benchmarks.peer import find_peer, llama_bench
+from nanoserve.core import BlockTable, PrefillChunk, plan_kv_pool, plan_prefill
 from nanoserve.runtime.engine.engine import Engine
 from nanoserve.runtime.engine.sampling_params import SamplingParams
 from nanoserve.runtime.engine_config import EngineConfig
-from nanoserve.runtime.loading.checkpoint import load_checkpoint
+from nanoserve.runtime.loading.checkpoint import Checkpoint, load_checkpoint
 from nanoserve.runtime.loading.embedded import embedded_model_path
+from nanoserve.runtime.model.kv_pool import KVPool
 from nanoserve.runtime.model.llama import LlamaModel
+
+# (label, dtype, quantize): the exact mode first, it is the accuracy reference.
+FORMS = (
+    ("float32 (exact)", torch.float32, None),
+    ("bfloat16", torch.bfloat16, None),
+    ("bfloat16+int8", torch.bfloat16, "int8"),
+    ("q4 (kernels)", torch.bfloat16, "q4"),
+    ("q8 (kernels)", torch.bfloat16, "q8"),
+)
+TEXT = (
+    "The history of the printing press begins in the fifteenth century, when Johannes "
+    "Gutenberg combined movable metal type, oil-based ink and a wooden press adapted from "
+    "those used for wine. Within fifty years presses were running in more than two hundred "
+    "cities across Europe, and the price of books fell so far that reading spread from "
+    "monasteries and courts to merchants and artisans.\n\n"
+    "def merge_sorted(a, b):\n    out, i, j = [], 0, 0\n    while i < len(a) and j < len(b):\n"
+    "        if a[i] <= b[j]:\n            out.append(a[i]); i += 1\n        else:\n"
+    "            out.append(b[j]); j += 1\n    return out + a[i:] + b[j:]\n\n"
+    "Question: a train leaves at 9:40 and arrives at 13:05. How long is the journey?\n"
+    "Answer: 3 hours and 25 minutes.\n"
+)
 
 
 def prompt_ids(length: int) -> list[int]:
     return [(i * 7919) % 48000 + 17 for i in range(length)]
 
 
-def ours(
-    model: LlamaModel, tokenizer, prompt_len: int, decode_tokens: int, repeats: int
-) -> tuple[float, float]:
-    engine = Engine(
+def engine_for(model: LlamaModel, checkpoint: Checkpoint) -> Engine:
+    return Engine(
         model,
-        tokenizer,
+        checkpoint.tokenizer,
         EngineConfig(
             max_model_len=1024,
             max_num_batched_tokens=1024,
             kv_budget_bytes=1 << 28,
             enable_prefix_cache=False,
+            quantize=model.quantize,
         ),
     )
-    ids = prompt_ids(prompt_len)
+
+
+def ours(model: LlamaModel, checkpoint: Checkpoint, repeats: int) -> tuple[float, float]:
+    engine = engine_for(model, checkpoint)
 
     def prefill() -> None:
-        engine.add_request("p", ids, SamplingParams(max_tokens=1, temperature=0))
+        engine.add_request("p", prompt_ids(512), SamplingParams(max_tokens=1, temperature=0))
         engine.run_until_done()
 
     prefill_s = median_seconds(prefill, repeats)
 
     def decode() -> float:
-        engine.add_request(
-            "d",
-            prompt_ids(64),
-            SamplingParams(max_tokens=decode_tokens + 1, temperature=0, ignore_eos=True),
-        )
-        engine.step()  # prefill and the first token
+        params = SamplingParams(max_tokens=129, temperature=0, ignore_eos=True)
+        engine.add_request("d", prompt_ids(16), params)
+        engine.step()  # the prompt and the first token
         started = time.perf_counter()
         engine.run_until_done()
         return time.perf_counter() - started
 
     decode()
-    decode_s = sorted(decode() for _ in range(repeats))[repeats // 2]
-    return prompt_len / prefill_s, decode_tokens / decode_s
+    decode_s = statistics.median(decode() for _ in range(repeats))
+    return 512 / prefill_s, 128 / decode_s
 
 
-def reference(hf_model, prompt_len: int, decode_tokens: int, repeats: int) -> tuple[float, float]:
-    ids = torch.tensor([prompt_ids(prompt_len)])
+def reference(hf_model: Any, repeats: int) -> tuple[float, float]:
     with torch.inference_mode():
-        prefill_s = median_seconds(lambda: hf_model(ids), repeats)
-        short = torch.tensor([prompt_ids(64)])
+        long = torch.tensor([prompt_ids(512)])
+        prefill_s = median_seconds(lambda: hf_model(long), repeats)
+        short = torch.tensor([prompt_ids(16)])
 
         def generate(n: int) -> None:
             hf_model.generate(
@@ -77,82 +108,100 @@ def reference(hf_model, prompt_len: int, decode_tokens: int, repeats: int) -> tu
             )
 
         one = median_seconds(lambda: generate(1), repeats)
-        many = median_seconds(lambda: generate(decode_tokens + 1), repeats)
-    return prompt_len / prefill_s, decode_tokens / (many - one)
+        many = median_seconds(lambda: generate(129), repeats)
+    return 512 / prefill_s, 128 / (many - one)
+
+
+def teacher_forced_logits(model: LlamaModel, ids: list[int]) -> torch.Tensor:
+    """Logits at every position of `ids`, fed as one prompt: [tokens, vocab] float32."""
+    cfg = model.config
+    plan = plan_kv_pool(
+        num_layers=cfg.num_layers,
+        num_kv_heads=cfg.num_kv_heads,
+        head_dim=cfg.head_dim,
+        dtype=model.dtype,
+        block_size=16,
+        budget_bytes=1 << 28,
+        max_blocks=-(-len(ids) // 16) + 1,
+    )
+    pool = KVPool(plan)
+    table_ = BlockTable(16, range(plan.num_blocks))
+    prefill = plan_prefill([PrefillChunk(0, tuple(ids), 0, table_)], sink_slot=plan.sink_slot)
+    with torch.inference_mode():
+        return model.forward(prefill, pool.view((0,)), logit_rows=torch.arange(len(ids)))
+
+
+def accuracy(logits: torch.Tensor, exact: torch.Tensor) -> dict[str, float]:
+    diff = (logits - exact).abs()
+    return {
+        "max_abs_dlogit": float(diff.max()),
+        "mean_abs_dlogit": float(diff.mean()),
+        "top1_agreement": float((logits.argmax(-1) == exact.argmax(-1)).float().mean()),
+    }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--decode-tokens", type=int, default=64)
-    parser.add_argument("--no-reference", action="store_true")
+    parser.add_argument("--no-reference", action="store_true", help="skip transformers")
+    parser.add_argument("--no-peer", action="store_true", help="skip llama.cpp")
     args = parser.parse_args()
     threads = pin_threads()
-    import transformers
-
-    transformers.logging.set_verbosity_error()
+    print(cpu_line())
     path = embedded_model_path()
     checkpoint = load_checkpoint(path)
-    rows = []
-    # (dtype, batch invariant, quantization): invariance costs nothing in bf16 (its kernels
-    # are invariant), so it is measured on and off only in fp32.
-    configs = {
-        torch.float32: ((False, None), (True, None)),
-        torch.bfloat16: ((True, None), (True, "int8")),
-    }
-    for dtype, variants in configs.items():
-        hf_model = None
-        if not args.no_reference:
-            hf_model = (
-                transformers.AutoModelForCausalLM.from_pretrained(
-                    path.parent, gguf_file=path.name, dtype=torch.float32
-                )
-                .to(dtype)
-                .eval()
-            )
-        ref_rates = (
-            {n: reference(hf_model, n, args.decode_tokens, args.repeats) for n in (64, 512)}
-            if hf_model
-            else None
+
+    peer = None if args.no_peer else find_peer(path)
+    peer_rates = llama_bench(peer, path, threads, args.repeats) if peer else {}
+    if peer:
+        print(f"llama.cpp backend: {peer.backend} {peer.note}".rstrip())
+
+    hf_rates: dict[torch.dtype, tuple[float, float]] = {}
+    if not args.no_reference:
+        import transformers
+
+        transformers.logging.set_verbosity_error()
+        hf = transformers.AutoModelForCausalLM.from_pretrained(
+            path.parent, gguf_file=path.name, dtype=torch.float32
+        ).eval()
+        for dtype in (torch.float32, torch.bfloat16):
+            hf_rates[dtype] = reference(hf.to(dtype), args.repeats)
+        del hf
+
+    ids = checkpoint.tokenizer.encode(TEXT)
+    rows, accuracy_rows = [], []
+    exact: torch.Tensor | None = None
+    for label, dtype, quantize in FORMS:
+        model = LlamaModel.from_checkpoint(
+            checkpoint, dtype=dtype, quantize=quantize, max_positions=1024
         )
-        for invariant, quantize in variants:
-            model = LlamaModel.from_tensors(
-                checkpoint.config,
-                checkpoint.tensors(),
-                dtype=dtype,
-                batch_invariant=invariant,
-                max_positions=1024,
-                quantize=quantize,
-            )
-            ours_rates = {
-                n: ours(model, checkpoint.tokenizer, n, args.decode_tokens, args.repeats)
-                for n in (64, 512)
+        prefill, decode = ours(model, checkpoint, args.repeats)
+        hf_prefill, hf_decode = hf_rates.get(dtype, (float("nan"), float("nan")))
+        rows.append(
+            {
+                "nanoserve": label,
+                "kernels": model.kernels,
+                "prefill_tok_s": prefill,
+                "decode_tok_s": decode,
+                "llamacpp_pp512": peer_rates.get("pp512", float("nan")),
+                "llamacpp_tg128": peer_rates.get("tg128", float("nan")),
+                "prefill_vs_llamacpp": prefill / peer_rates.get("pp512", float("nan")),
+                "decode_vs_llamacpp": decode / peer_rates.get("tg128", float("nan")),
+                "hf_prefill": hf_prefill,
+                "hf_decode": hf_decode,
+                "decode_vs_hf": decode / hf_decode,
             }
-            for n in (64, 512):
-                row = {
-                    "dtype": str(dtype).removeprefix("torch.")
-                    + (f"+{quantize}" if quantize else ""),
-                    "batch_invariant": invariant,
-                    "prompt": n,
-                    "prefill_tok_s": ours_rates[n][0],
-                    "hf_prefill_tok_s": ref_rates[n][0] if ref_rates else float("nan"),
-                    "prefill_ratio": ours_rates[n][0] / ref_rates[n][0]
-                    if ref_rates
-                    else float("nan"),
-                }
-                if n == 64:
-                    row |= {
-                        "decode_tok_s": ours_rates[n][1],
-                        "hf_decode_tok_s": ref_rates[n][1] if ref_rates else float("nan"),
-                        "decode_ratio": ours_rates[n][1] / ref_rates[n][1]
-                        if ref_rates
-                        else float("nan"),
-                    }
-                else:
-                    row |= {"decode_tok_s": "", "hf_decode_tok_s": "", "decode_ratio": ""}
-                rows.append(row)
+        )
+        logits = teacher_forced_logits(model, ids)
+        if exact is None:
+            exact = logits
+        else:
+            accuracy_rows.append({"form": label, "positions": len(ids), **accuracy(logits, exact)})
+        del model
     print(table(rows, f"forward: SmolLM2-135M, {threads} threads, median of {args.repeats}"))
-    print("wrote", write_csv("forward.csv", rows))
+    print()
+    print(table(accuracy_rows, "teacher-forced against float32 (exact) logits"))
+    print("wrote", write_csv("forward.csv", rows), write_csv("forward_accuracy.csv", accuracy_rows))
 
 
 if __name__ == "__main__":

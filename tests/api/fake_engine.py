@@ -194,6 +194,8 @@ class FakeEngine:
             dtype="float32",
             quantize=None,
             device="cpu",
+            cpu="AVX2 (avx2 fma f16c)",
+            kernels="float32 torch/mkl",
             decode_mode="eager" if self.graphs is None else "recorded",
             max_model_len=self.max_model_len,
             ready_seconds=0.25,

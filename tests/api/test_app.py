@@ -77,6 +77,8 @@ async def test_health_when_ready() -> None:
         "model": "fake-model",
         "dtype": "float32",
         "device": "cpu",
+        "cpu": "AVX2 (avx2 fma f16c)",
+        "kernels": "float32 torch/mkl",
         "decode_mode": "eager",
         "ready_seconds": 0.25,
         "kv_pool": {**KV_POOL, "blocks_in_use": 3},

@@ -24,7 +24,7 @@ def clean_environ(monkeypatch: pytest.MonkeyPatch) -> None:
         (("serve", "--max-batch", "0"), "nanoserve: max_batch must be a positive integer, got 0"),
         (
             ("serve", "--dtype", "float8"),
-            "nanoserve: dtype must be one of ['bfloat16', 'float16', 'float32'], got 'float8'",
+            "nanoserve: dtype must be one of auto, bfloat16, float16, float32, got 'float8'",
         ),
         (
             ("generate", "hi", "--max-tokens", "0"),

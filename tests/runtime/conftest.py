@@ -344,7 +344,8 @@ def tiny_engine_builder(
     """`build(*, num_blocks=None, **config) -> Engine` over the tiny Llama, with no teardown check.
 
     Defaults: block_size 4, max_model_len 128, max_batch 16, fp32, batch_invariant, 256 blocks.
-    `num_blocks` sizes `kv_budget_bytes` to exactly that many blocks. Prefer `make_tiny_engine`.
+    `num_blocks` sizes `kv_budget_bytes` to exactly that many blocks; `quantize="q4"` runs it
+    on nanoserve's CPU kernels. Prefer `make_tiny_engine`.
     """
     from nanoserve.runtime.engine.engine import Engine
     from nanoserve.runtime.engine_config import EngineConfig
@@ -368,6 +369,7 @@ def tiny_engine_builder(
             dtype=torch.float32,
             batch_invariant=True,
             max_positions=config["max_model_len"],
+            quantize=config.get("quantize"),
         )
         return Engine(
             model, ck.tokenizer, EngineConfig(**config), chat_template=template, name="tiny"

@@ -1,4 +1,5 @@
-"""Engine: continuous batching end to end on the tiny Llama (fp32, batch-invariant).
+"""Engine: continuous batching end to end on the tiny Llama (fp32, batch-invariant), on both
+kernel sets: torch's (the exact float32 mode) and nanoserve's CPU kernels (q4 weights).
 
 The reference for every greedy comparison is each request run alone on a fresh engine. A
 request's tokens must not change when it shares its steps with 15 others that join and leave,
@@ -125,6 +126,21 @@ def drain(engine: Engine, max_steps: int = 2000) -> list[Delta]:
     raise AssertionError(f"still unfinished after {max_steps} steps")
 
 
+@pytest.fixture(scope="module", params=[None, "q4"], ids=["torch", "q4-kernels"])
+def quantize(request: pytest.FixtureRequest) -> str | None:
+    return request.param
+
+
+@pytest.fixture(scope="module")
+def tiny_engine_builder(tiny_engine_builder, quantize) -> Callable[..., Engine]:
+    return lambda **config: tiny_engine_builder(**{"quantize": quantize, **config})
+
+
+@pytest.fixture
+def make_tiny_engine(make_tiny_engine, quantize) -> Callable[..., Engine]:
+    return lambda **config: make_tiny_engine(**{"quantize": quantize, **config})
+
+
 @pytest.fixture(scope="module")
 def reference(single_torch_thread, tiny_engine_builder) -> Run:
     """Each request of WORKLOAD on its own fresh engine: the reference tokens and logprobs."""
@@ -164,6 +180,12 @@ def test_batch_of_16_mixed_requests_matches_alone(make_tiny_engine, alone, alone
     assert any(not o.is_decode_only for o in run.outs[1:])  # prompts arrived mid-decode
     assert run.preempted == 0
     assert engine.blocks.num_in_use == 0
+
+
+def test_the_kernel_set_is_the_one_asked_for(make_tiny_engine, quantize) -> None:
+    model = make_tiny_engine().runner.model
+    assert model.ops.name == ("nanoserve" if quantize else "torch")
+    assert model.invariance == ("batch, bucket and ISA" if quantize else "batch and bucket")
 
 
 def test_prefix_cache_hits_match_alone(make_tiny_engine, alone_trace) -> None:

@@ -7,10 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from nanoserve.runtime.engine_config import EngineConfig, EngineConfigError
-from nanoserve.runtime.errors import UnknownQuantizationError
 from nanoserve.runtime.loading.checkpoint import load_checkpoint
-from nanoserve.runtime.model.int8_weight import Int8Weight, check_quantize
+from nanoserve.runtime.model.int8_weight import Int8Weight
 from nanoserve.runtime.model.llama import LlamaModel
 
 
@@ -53,13 +51,3 @@ def test_int8_model_stays_close_to_fp32(tiny_llama_dir: Path) -> None:
     # fp32 activations 0.048 of the logits' range, with bf16 activations 0.065.
     assert rel_error(logits(dtype=torch.bfloat16, quantize="int8"), reference) < 0.1
     assert rel_error(logits(dtype=torch.float32, quantize="int8"), reference) < 0.07
-
-
-def test_unknown_quantization_is_refused_in_one_place() -> None:
-    message = r"^quantize must be int8 or unset, got 'int4'$"
-    with pytest.raises(EngineConfigError, match=message):
-        EngineConfig(quantize="int4")
-    with pytest.raises(UnknownQuantizationError, match=message):
-        check_quantize("int4")
-    check_quantize(None)
-    check_quantize("int8")

@@ -52,6 +52,8 @@ def health_body(status: EngineStatus) -> dict[str, object]:
         "model": status.model,
         "dtype": status.dtype,
         "device": status.device,
+        "cpu": status.cpu,
+        "kernels": status.kernels,
         "decode_mode": status.decode_mode,
         "ready_seconds": status.ready_seconds,
         "kv_pool": {**status.pool.as_dict(), "blocks_in_use": status.blocks_in_use},

@@ -52,9 +52,21 @@ class Option:
 
 OPTIONS: tuple[Option, ...] = (
     Option("--model", "model", str, "Hugging Face directory or GGUF file (default: embedded)"),
-    Option("--dtype", "dtype", str, "float32 | bfloat16 (default float32)"),
+    Option(
+        "--dtype",
+        "dtype",
+        str,
+        "auto | float32 | bfloat16 (default auto: bf16 on the CPU kernels or where the CPU has"
+        " it natively, else fp32)",
+    ),
     Option("--device", "device", str, "cpu | cuda (default cpu)"),
-    Option("--quantize", "quantize", str, "int8: weight-only int8 linears (fast decode)"),
+    Option(
+        "--quantize",
+        "quantize",
+        str,
+        "auto | q4 | q8 | int8 | none (default auto: a GGUF's own Q4/Q8 blocks on nanoserve's"
+        " CPU kernels, else none: the dtype)",
+    ),
     Option("--max-batch", "max_batch", int, "rows a step may hold (default 32)"),
     Option("--max-model-len", "max_model_len", int, "longest context served"),
     Option("--max-num-batched-tokens", "max_num_batched_tokens", int, "token budget per step"),
@@ -100,6 +112,9 @@ class ServerSettings:
     @classmethod
     def from_values(cls, values: Mapping[str, object]) -> ServerSettings:
         engine_fields = {k: v for k, v in values.items() if k not in _SERVER_FIELDS}
+        # A server picks by CPU and checkpoint; the library's defaults are the exact fp32 mode.
+        engine_fields.setdefault("dtype", "auto")
+        engine_fields.setdefault("quantize", "auto")
         if values.get("capture"):
             mode = engine_fields.setdefault("decode_mode", "recorded")
             if mode != "recorded":

@@ -37,6 +37,7 @@ class PrefillPlan:
     context_lens: torch.Tensor  # [chunks] int64
     slot_rect: torch.Tensor  # [chunks, width] int64
     last_token_idx: torch.Tensor  # [chunks] int64: the flat index of each chunk's last token
+    token_rows: torch.Tensor  # [tokens] int64: each token's chunk, its row of slot_rect
     sink_slot: int
 
     @property
@@ -86,5 +87,10 @@ def plan_prefill(
         context_lens=torch.tensor(context_lens, dtype=torch.int64, device=device),
         slot_rect=rect,
         last_token_idx=torch.tensor([s - 1 for s in starts[1:]], dtype=torch.int64, device=device),
+        token_rows=torch.tensor(
+            [row for row, chunk in enumerate(chunks) for _ in chunk.token_ids],
+            dtype=torch.int64,
+            device=device,
+        ),
         sink_slot=sink_slot,
     )

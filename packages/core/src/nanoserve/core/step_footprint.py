@@ -12,6 +12,9 @@ peak. One layer's attention is live at a time, so the peak is the larger of
 - the output projection: rows x vocab float32 logits, twice (the matmul's output and its
   float32 copy; the shared logits buffer is allocated once and not counted per shape).
 
+A kernel that reads K/V in place (`gathers=False`: nanoserve's CPU kernels) holds only one
+float32 score per head and position of the rows it works on, and its output.
+
 Checked against the allocator's measured peak on a CPU in tests/core/test_step_footprint.py's
 runtime twin (tests/runtime/test_step_footprint.py).
 """
@@ -34,6 +37,7 @@ class StepFootprint:
     vocab_size: int
     pool_bytes: int  # bytes per element of the K/V pool (the model's dtype)
     accum_bytes: int  # bytes per element of attention's matmuls (float64 in fp32-invariant)
+    gathers: bool = True  # attention copies K/V out of the pool (torch's) or reads it in place
 
     def __post_init__(self) -> None:
         require_positive(
@@ -51,6 +55,9 @@ class StepFootprint:
         return max(self.accum_bytes, 4)
 
     def attention_bytes(self, rows: int, width: int) -> int:
+        if not self.gathers:
+            scores = rows * self.num_heads * (width + 16) * 4  # the kernel's scratch, at most
+            return scores + rows * self.num_heads * self.head_dim * 4
         kv = rows * self.num_kv_heads * width * self.head_dim
         converting = kv * self.pool_bytes if self.pool_bytes != self.accum_bytes else 0
         gathered = 2 * kv * self.accum_bytes + converting

@@ -8,7 +8,8 @@ from enum import Enum
 import torch
 
 from nanoserve.core.errors import NanoserveError
-from nanoserve.runtime.model.int8_weight import check_quantize
+from nanoserve.runtime.kernels.cpu_features import auto_dtype
+from nanoserve.runtime.model.weight_forms import AUTO, KERNEL_FORMS, check_quantize
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # The warm-up's default time budget. On a GPU a recording costs ~0.1 s and the build log's
@@ -49,8 +50,10 @@ class DecodeMode(str, Enum):
 @dataclass(frozen=True, slots=True)
 class EngineConfig:
     model: str | None = None  # a Hugging Face directory or a GGUF file; None: the embedded model
+    # "auto": bf16 on CUDA, under nanoserve's kernels, or where the CPU has it natively; else fp32
     dtype: str = "float32"
-    quantize: str | None = None  # "int8": weight-only int8 linears (fast small-batch decode)
+    # "int8", "q4", "q8": quantized linears (weight_forms.py); "auto": a GGUF's own block form
+    quantize: str | None = None
     device: str = "cpu"
     max_batch: int = 32  # rows a step may hold: the scheduler's row limit and the warm list's
     max_model_len: int | None = None  # None: the model's limit, capped at 4096
@@ -78,14 +81,26 @@ class EngineConfig:
             raise EngineConfigError(
                 f"decode_mode must be one of {modes}, got {self.decode_mode!r}"
             ) from None
-        if self.dtype not in DTYPES:
-            raise EngineConfigError(f"dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
-        try:
-            check_quantize(self.quantize)
-        except ValueError as error:
-            raise EngineConfigError(str(error)) from None
         if self.device.split(":")[0] not in ("cpu", "cuda"):
             raise EngineConfigError(f"device must be cpu or cuda, got {self.device!r}")
+        if self.quantize == "none":
+            object.__setattr__(self, "quantize", None)
+        try:
+            check_quantize(self.quantize, allow_auto=True)
+        except ValueError as error:
+            raise EngineConfigError(str(error)) from None
+        # "auto" is resolved here unless it waits on quantize's own "auto" (with_weight_forms).
+        if self.dtype == AUTO and self.quantize != AUTO:
+            object.__setattr__(
+                self, "dtype", auto_dtype(self.device, self.quantize in KERNEL_FORMS)
+            )
+        if self.dtype not in DTYPES and self.dtype != AUTO:
+            choices = ", ".join([AUTO, *sorted(DTYPES)])
+            raise EngineConfigError(f"dtype must be one of {choices}, got {self.dtype!r}")
+        if self.quantize in KERNEL_FORMS and self.device.split(":")[0] != "cpu":
+            raise EngineConfigError(
+                f"quantize {self.quantize} runs on nanoserve's CPU kernels, not on {self.device}"
+            )
         for name in ("max_batch", "max_num_batched_tokens", "block_size", "width_multiple"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
@@ -109,7 +124,18 @@ class EngineConfig:
 
     @property
     def torch_dtype(self) -> torch.dtype:
+        if self.dtype == AUTO:
+            raise EngineConfigError("dtype 'auto' waits on quantize 'auto': resolve it first")
         return DTYPES[self.dtype]
+
+    def with_weight_forms(self, quantize: str | None) -> EngineConfig:
+        """quantize "auto" resolved (to what the checkpoint holds), and dtype "auto" with it."""
+        if self.quantize != AUTO:
+            return self
+        dtype = self.dtype
+        if dtype == AUTO:
+            dtype = auto_dtype(self.device, quantize in KERNEL_FORMS)
+        return replace(self, quantize=quantize, dtype=dtype)
 
     def resolved(self, model_max_len: int) -> EngineConfig:
         """Fill the limits that depend on the model."""

@@ -55,5 +55,13 @@ class UnknownQuantizationError(NanoserveError, ValueError):
     """A quantize option that names no supported weight form."""
 
 
+class KernelBuildError(NanoserveError, RuntimeError):
+    """nanoserve's C++ CPU kernels could not be built or loaded on this machine."""
+
+
+class QuantizationError(NanoserveError, ValueError):
+    """A weight that cannot take the asked-for quantized form (its shape, or its device)."""
+
+
 class EmbeddedModelMissing(NanoserveError, RuntimeError):
     """The package that ships the embedded model is not installed; the message says how to fix it."""

@@ -18,22 +18,41 @@ from nanoserve.runtime.engine.engine import Engine
 from nanoserve.runtime.engine.sampling_params import SamplingParams
 from nanoserve.runtime.engine_config import EngineConfig
 from nanoserve.runtime.errors import ChatTemplateError
-from nanoserve.runtime.loading.checkpoint import load_checkpoint
+from nanoserve.runtime.kernels.cpu_features import cpu_features
+from nanoserve.runtime.kernels.cpu_kernels import kernels_available
+from nanoserve.runtime.loading.checkpoint import Checkpoint, load_checkpoint
 from nanoserve.runtime.loading.embedded import embedded_model_path
 from nanoserve.runtime.model.llama import LlamaModel
+from nanoserve.runtime.model.weight_forms import AUTO, auto_quantize, kept_blocks
 from nanoserve.runtime.text.chat_template import ChatTemplate
 
 log = logging.getLogger("nanoserve")
 
 
-def resolve_model_path(model: str | None) -> Path:
-    """The checkpoint to load: a directory, a GGUF file (converted once, cached), or embedded."""
+def resolve_model_path(model: str | None, quantize: str | None = None) -> Path:
+    """The checkpoint to load: a directory, a GGUF file, or the embedded model. A GGUF is
+    converted once (cached) to a float checkpoint, unless the weight form reads its blocks as
+    stored (q4, q8): then the file itself is loaded."""
     path = Path(model) if model else embedded_model_path()
-    if path.suffix == ".gguf" and path.is_file():
+    if path.suffix == ".gguf" and path.is_file() and not kept_blocks(quantize):
         from nanoserve.runtime.loading.convert import cached_conversion
 
         return cached_conversion(path)
     return path
+
+
+def choose_weight_forms(
+    config: EngineConfig, checkpoint: Checkpoint, say: Callable[[str], None]
+) -> EngineConfig:
+    """quantize "auto": the checkpoint's own block form on nanoserve's CPU kernels, or the
+    model dtype where there is none or the kernels cannot be built here (said, not raised)."""
+    if config.quantize != AUTO:
+        return config
+    form = auto_quantize(checkpoint.linear_types(), config.device)
+    if form is not None and not kernels_available():
+        say(f"quantize auto: the CPU kernels cannot be built here, so {form} is served dequantized")
+        form = None
+    return config.with_weight_forms(form)
 
 
 def build_engine(
@@ -44,13 +63,15 @@ def build_engine(
 ) -> Engine:
     say = say or log.info
     started = time.perf_counter()
-    path = resolve_model_path(config.model)
+    path = resolve_model_path(config.model, "q4" if config.quantize == AUTO else config.quantize)
     say(f"loading {path}")
     checkpoint = load_checkpoint(path)
+    config = choose_weight_forms(config, checkpoint, say)
+    if not kept_blocks(config.quantize) and checkpoint.format == "gguf":
+        checkpoint = load_checkpoint(resolve_model_path(config.model))  # its float conversion
     config = config.resolved(checkpoint.config.max_position_embeddings)
-    model = LlamaModel.from_tensors(
-        checkpoint.config,
-        checkpoint.tensors(),
+    model = LlamaModel.from_checkpoint(
+        checkpoint,
         dtype=config.torch_dtype,
         device=config.device,
         batch_invariant=config.batch_invariant,
@@ -145,6 +166,8 @@ def boot_line(engine: Engine, seconds: float) -> str:
         f"dtype={engine.config.dtype}"
         + (f"+{engine.config.quantize}" if engine.config.quantize else ""),
         f"device={engine.config.device}",
+        f"cpu={cpu_features().capability}",
+        f"kernels={engine.runner.model.kernels}",
         f"kv_blocks={plan.num_blocks}x{plan.block_size}",
     ]
     if engine.warm_report is not None:

@@ -37,6 +37,7 @@ from nanoserve.runtime.engine.sampling_params import SamplingParams
 from nanoserve.runtime.engine.scheduler import Scheduler, SchedulerOutput
 from nanoserve.runtime.engine.sequence import Delta, Sequence, Status
 from nanoserve.runtime.engine_config import EngineConfig, EngineConfigError
+from nanoserve.runtime.kernels.cpu_features import cpu_features
 from nanoserve.runtime.model.kv_pool import KVPool
 from nanoserve.runtime.model.llama import LlamaModel
 from nanoserve.runtime.model.memory import keep_freed_memory
@@ -68,7 +69,9 @@ class Engine:
     ) -> None:
         """boot_started: time.perf_counter() when the boot began (before loading), so that
         `mark_ready` can say how long the whole boot took."""
-        config = config.resolved(model.config.max_position_embeddings)
+        config = config.with_weight_forms(model.quantize).resolved(
+            model.config.max_position_embeddings
+        )
         self.model = model
         self.tokenizer = tokenizer
         self.config = config
@@ -322,6 +325,8 @@ class Engine:
             dtype=config.dtype,
             quantize=config.quantize,
             device=config.device,
+            cpu=cpu_features().describe(),
+            kernels=self.runner.model.kernels,
             decode_mode=config.decode_mode.value,
             max_model_len=config.max_model_len or 0,
             ready_seconds=self.ready_seconds,

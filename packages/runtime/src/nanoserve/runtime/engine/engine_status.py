@@ -30,6 +30,8 @@ class EngineStatus:
     dtype: str
     quantize: str | None
     device: str
+    cpu: str  # the host CPU's dispatch level and deciding flags: "AVX512 (avx2 fma ...)"
+    kernels: str  # what runs the linears: "q4+q8 nanoserve/avx2", "float32 torch/mkl", ...
     decode_mode: str
     max_model_len: int
     ready_seconds: float | None  # the boot, load to first forward; None if built another way

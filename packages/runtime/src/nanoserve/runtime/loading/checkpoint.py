@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Literal, Protocol
 import torch
 
 from nanoserve.runtime.errors import WeightsError
+from nanoserve.runtime.loading.gguf_blocks import GgufBlocks
 from nanoserve.runtime.loading.hf_dir import HfDir
 from nanoserve.runtime.loading.model_config import ModelConfig
 from nanoserve.runtime.text.tokenizer import Tokenizer
@@ -33,7 +34,9 @@ class TensorSource(Protocol):
 
     def tensor_shapes(self) -> Mapping[str, tuple[int, ...]]: ...
 
-    def iter_tensors(self, names: Sequence[str]) -> Iterator[tuple[str, torch.Tensor]]: ...
+    def iter_tensors(
+        self, names: Sequence[str], keep_blocks: frozenset[str] = frozenset()
+    ) -> Iterator[tuple[str, torch.Tensor | GgufBlocks]]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,8 +58,28 @@ class Checkpoint:
         Hugging Face directories yield the stored dtype; GGUF files yield float32 (dequantized).
         Each tensor is freshly read: the caller owns it and may keep, cast or drop it.
         """
+        for name, tensor in self.sources():
+            assert isinstance(tensor, torch.Tensor)  # no block type was kept
+            yield name, tensor
+
+    def linear_types(self) -> frozenset[str]:
+        """The stored types of the layers' linear weights ("Q4_1", ...): a GGUF's; a Hugging
+        Face directory's are floats and named by none."""
+        if self.format != "gguf":
+            return frozenset()
+        return frozenset(
+            t.tensor_type.name
+            for name, t in self.source.tensors.items()  # type: ignore[attr-defined]  # a GgufFile
+            if ".layers." in name and name.endswith("_proj.weight")
+        )
+
+    def sources(
+        self, keep_blocks: frozenset[str] = frozenset()
+    ) -> Iterator[tuple[str, torch.Tensor | GgufBlocks]]:
+        """As `tensors()`, except that a GGUF tensor whose type is in `keep_blocks` comes as its
+        blocks, for a weight form that reads them as stored."""
         shapes = self.tensor_shapes()
-        for name, tensor in self.source.iter_tensors(list(shapes)):
+        for name, tensor in self.source.iter_tensors(list(shapes), keep_blocks):
             if tuple(tensor.shape) != shapes[name]:  # checked at load; a changed file lands here
                 raise WeightsError(self.path, _shape_problem(name, shapes[name], tensor.shape))
             yield name, tensor

@@ -8,7 +8,8 @@ Three things differ from a Hugging Face checkpoint and are undone here, tensor b
   two rotary halves interleaved) for its rotary kernel. Qwen2 is converted without it.
 
 Opening reads only the header; each tensor is dequantized (with `gguf.quants`) when `iter_tensors`
-reaches it. Tensor types and shapes are all checked at open, before anything is dequantized.
+reaches it, or, for the block types a caller keeps, handed over as its raw blocks (GgufBlocks).
+Tensor types and shapes are all checked at open, before anything is read.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from nanoserve.runtime.errors import (
     UnsupportedQuantError,
     WeightsError,
 )
+from nanoserve.runtime.loading.gguf_blocks import GgufBlocks
 from nanoserve.runtime.loading.model_config import Architecture, ModelConfig
 from nanoserve.runtime.text.tokenizer import Tokenizer
 
@@ -117,11 +119,21 @@ class GgufFile:
     def tensor_shapes(self) -> dict[str, tuple[int, ...]]:
         return {name: _torch_shape(t) for name, t in self.tensors.items()}
 
-    def iter_tensors(self, names: Sequence[str]) -> Iterator[tuple[str, torch.Tensor]]:
-        """`(name, float32 tensor)` in Hugging Face layout, dequantized one at a time."""
-        progress = tqdm(names, desc=f"dequantizing {self.path.name}", unit="tensor", disable=None)
+    def iter_tensors(
+        self, names: Sequence[str], keep_blocks: frozenset[str] = frozenset()
+    ) -> Iterator[tuple[str, torch.Tensor | GgufBlocks]]:
+        """`(name, float32 tensor)` in Hugging Face layout, dequantized one at a time; a tensor
+        whose type is in `keep_blocks` comes as its blocks (rows in Hugging Face order)."""
+        progress = tqdm(names, desc=f"reading {self.path.name}", unit="tensor", disable=None)
         for name in progress:
             tensor = self.tensors[name]
+            if tensor.tensor_type.name in keep_blocks:
+                rows = torch.from_numpy(tensor.data.copy())  # [out, bytes]; the mmap is read-only
+                if self.config.architecture == "llama":
+                    rows = _unpermute_llama_rows(name, rows, self.config)
+                shape = _torch_shape(tensor)
+                yield name, GgufBlocks(tensor.tensor_type.name, rows, (shape[0], shape[1]))
+                continue
             values = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
             values = values.reshape(_torch_shape(tensor))
             if not values.flags.writeable:  # F32 comes back as a view of the read-only mmap

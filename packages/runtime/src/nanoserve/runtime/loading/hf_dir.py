@@ -73,8 +73,11 @@ class HfDir:
     def tensor_shapes(self) -> Mapping[str, tuple[int, ...]]:
         return self.shapes
 
-    def iter_tensors(self, names: Sequence[str]) -> Iterator[tuple[str, torch.Tensor]]:
-        """`(name, tensor)` in the order asked, in the dtype stored, each read from the mmap."""
+    def iter_tensors(
+        self, names: Sequence[str], keep_blocks: frozenset[str] = frozenset()
+    ) -> Iterator[tuple[str, torch.Tensor]]:
+        """`(name, tensor)` in the order asked, in the dtype stored, each read from the mmap.
+        (`keep_blocks` names GGUF block types; safetensors hold none.)"""
         with ExitStack() as stack:
             handles: dict[Path, Any] = {}
             for name in names:

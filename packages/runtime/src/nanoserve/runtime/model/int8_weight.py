@@ -13,18 +13,6 @@ from dataclasses import dataclass
 
 import torch
 
-from nanoserve.runtime.errors import UnknownQuantizationError
-
-QUANTIZATIONS = ("int8",)  # the weight forms a model may be loaded in, besides its dtype
-
-
-def check_quantize(quantize: str | None) -> None:
-    """The one check of a quantize option (EngineConfig and LlamaModel both call it)."""
-    if quantize is not None and quantize not in QUANTIZATIONS:
-        raise UnknownQuantizationError(
-            f"quantize must be {' or '.join(QUANTIZATIONS)} or unset, got {quantize!r}"
-        )
-
 
 @dataclass(frozen=True, slots=True)
 class Int8Weight:

@@ -58,6 +58,11 @@ class KVPool:
         pool = self._ensure_pool(layer)
         pool.index_copy_(1, slots, torch.stack((k, v)).to(pool.dtype))
 
+    def storage(self, layer: int) -> torch.Tensor:
+        """A layer's whole K/V tensor, [2, num_slots + 1, kv_heads, head_dim]: what a kernel
+        that writes and reads the pool in place takes."""
+        return self._ensure_pool(layer)
+
     def layer(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(k_pool, v_pool) of a layer, each [num_slots + 1, kv_heads, head_dim]."""
         pool = self._ensure_pool(layer)
@@ -110,6 +115,11 @@ class CacheRows:
     ) -> None:
         self._check(plan.seq_ids)
         self.pool.write(layer, plan.write_slots, k, v)
+
+    def storage(self, layer: int, plan: DecodePlan | PrefillPlan) -> torch.Tensor:
+        """The layer's K/V tensor for a kernel that reads and writes it in place for `plan`."""
+        self._check(plan.seq_ids)
+        return self.pool.storage(layer)
 
     def paged_attention(
         self,

@@ -2,56 +2,79 @@
 
 One forward takes either a DecodePlan (one token per row; the step that is bucketed and
 recorded) or a PrefillPlan (chunks of prompts, and decode rows as chunks of one token). Each
-layer writes the new K/V with one index_put, then attends through core's paged attention.
+layer is RMSNorm, the qkv projection, rotary and the K/V write, paged attention, the output
+projection, and the MLP; the linears are whatever form the weights were loaded in
+(weight_forms.py) and the rest is one of two kernel sets (layer_ops.py): torch's, or
+nanoserve's CPU kernels, which the CPU-only weight forms (q4, q8) run on.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TypeAlias
 
 import torch
 import torch.nn.functional as F
 
 from nanoserve.core import DecodePlan, PrefillPlan, StepFootprint
-from nanoserve.runtime.errors import WeightsError
+from nanoserve.runtime.errors import QuantizationError, WeightsError
+from nanoserve.runtime.kernels.cpu_kernels import load_cpu_kernels
+from nanoserve.runtime.loading.checkpoint import Checkpoint
 from nanoserve.runtime.loading.model_config import ModelConfig, rope_inv_freq
 from nanoserve.runtime.model.device import resolve_device
-from nanoserve.runtime.model.int8_weight import Int8Weight, check_quantize
+from nanoserve.runtime.model.int8_weight import Int8Weight
 from nanoserve.runtime.model.kv_pool import CacheRows
+from nanoserve.runtime.model.layer_ops import CpuKernelOps, LayerOps, TorchOps
+from nanoserve.runtime.model.quant_weight import Q4Weight, Q8Weight
+from nanoserve.runtime.model.weight_forms import (
+    KERNEL_FORMS,
+    Linear,
+    Source,
+    check_quantize,
+    dense,
+    head_form,
+    kept_blocks,
+    layer_form,
+    make_linear,
+)
 
-# fp32 GEMM rows in a tail of 1-3 past a multiple of 8 take another kernel (different low
-# bits); at a multiple of 4 every row's result is independent of the batch it sits in.
+# MKL's fp32 GEMM picks its kernel by the number of rows, and which counts share a kernel
+# differs per CPU (Zen 3/4: 1, 2-3, multiples of 4; an Intel AMX Xeon: 1, 2-15, 16 and up).
+# At one fixed count a row's result ignores the other rows and its position among them on
+# every CPU measured, so the batch-invariant float32 path calls MKL on tiles of exactly 4.
 INVARIANT_ROW_TILE = 4
 
 
 def attention_dtype(
     dtype: torch.dtype, batch_invariant: bool, device: torch.device | str = "cpu"
 ) -> torch.dtype:
-    """What attention's matmuls run in. bf16/fp16 models: their own dtype, whose (oneDNN)
-    kernels are batch- and width-invariant, at no cost. fp32 models on a CPU: float64 when
-    invariance is asked for (padding width and kernel shape then leave no trace once rounded
-    back), else float32. On CUDA always the model's dtype (float32 for fp32): float64 and
-    row padding are recipes measured against MKL and oneDNN, not cuBLAS, and float64 is slow
-    there; see `invariance`."""
+    """What torch's attention matmuls run in. bf16/fp16 models: their own dtype. fp32 models on
+    a CPU: float64 when invariance is asked for (padding width and kernel shape then leave no
+    trace once rounded back), else float32. On CUDA always the model's dtype (float32 for
+    fp32): float64 and row padding are recipes measured against MKL and oneDNN, not cuBLAS,
+    and float64 is slow there; see `invariance`. (nanoserve's CPU kernels accumulate in
+    float32 in a fixed order, and need neither.)"""
     if dtype in (torch.bfloat16, torch.float16):
         return dtype
     cpu = torch.device(device).type == "cpu"
     return torch.float64 if batch_invariant and cpu else torch.float32
 
 
-def invariance(dtype: torch.dtype, batch_invariant: bool, device: torch.device | str) -> str:
+def invariance(
+    dtype: torch.dtype, batch_invariant: bool, device: torch.device | str, kernels: str = "torch"
+) -> str:
     """What a row's tokens are independent of, per backend, as measured or as built:
 
-    - "batch and bucket" (CPU, batch_invariant): alone, batched, padded to any bucket;
+    - "batch, bucket and ISA" (nanoserve's CPU kernels): alone, batched, padded to any bucket,
+      on any x86 CPU — each number has one order of operations, by construction;
+    - "batch and bucket" (torch on a CPU, batch_invariant): alone, batched, padded to any
+      bucket, on this CPU class (see the README's per-ISA table);
     - "bucket shape" (CUDA, or batch_invariant off): the same bucket shape gives the same
-      bits (recorded == eager at that shape); across shapes cuBLAS may pick other kernels."""
+      bits (recorded == eager at that shape); across shapes the BLAS may pick other kernels."""
+    if kernels == "nanoserve":
+        return "batch, bucket and ISA"
     cpu = torch.device(device).type == "cpu"
     return "batch and bucket" if batch_invariant and cpu else "bucket shape"
-
-
-Linear: TypeAlias = torch.Tensor | Int8Weight
 
 
 @dataclass(slots=True)
@@ -71,7 +94,7 @@ class LlamaModel:
     def __init__(
         self,
         config: ModelConfig,
-        weights: dict[str, torch.Tensor],
+        weights: dict[str, Source],
         *,
         dtype: torch.dtype = torch.float32,
         device: torch.device | str = "cpu",
@@ -84,54 +107,59 @@ class LlamaModel:
         self.quantize = quantize
         self.dtype = dtype
         self.device = resolve_device(device)
+        if quantize in KERNEL_FORMS:
+            if self.device.type != "cpu":
+                raise QuantizationError(f"quantize {quantize} runs on the CPU, not {self.device}")
+            check_kernel_geometry(config)
+            load_cpu_kernels()
         self.batch_invariant = batch_invariant
         self.accum_dtype = attention_dtype(dtype, batch_invariant, self.device)
-        self.invariance = invariance(dtype, batch_invariant, self.device)
-        self.scale = config.head_dim**-0.5
+        kernel_ops = quantize in KERNEL_FORMS
+        # nanoserve's kernels keep the residual stream, norms and biases in float32.
+        small_dtype = torch.float32 if kernel_ops else dtype
 
-        def take(name: str) -> torch.Tensor:
+        def source(name: str) -> Source:
             try:
-                tensor = weights.pop(name)
+                return weights.pop(name)
             except KeyError:
                 raise WeightsError("checkpoint", f"weight {name} is missing") from None
-            if tensor.device != self.device:
-                tensor = tensor.to(self.device)
-            return tensor if tensor.dtype == dtype else tensor.to(dtype)
 
-        def take_optional(name: str) -> torch.Tensor | None:
-            return take(name) if name in weights else None
+        def take(name: str, as_dtype: torch.dtype = dtype) -> torch.Tensor:
+            return dense(source(name), as_dtype, self.device)
 
-        self.embed = take("model.embed_tokens.weight")  # [vocab, hidden]
+        def linear(*names: str, form: str | None = layer_form(quantize)) -> Linear:
+            return make_linear([source(n) for n in names], form, dtype, self.device)
+
+        embed = source("model.embed_tokens.weight")
+        self.embed = dense(embed, dtype, self.device)  # [vocab, hidden], for lookups
         self.layers: list[LayerWeights] = []
         for i in range(config.num_layers):
             p = f"model.layers.{i}."
-            q, k, v = (take(f"{p}self_attn.{n}_proj.weight") for n in "qkv")
-            biases = [take_optional(f"{p}self_attn.{n}_proj.bias") for n in "qkv"]
+            attn = [f"{p}self_attn.{n}_proj" for n in "qkv"]
+            has_bias = f"{attn[0]}.bias" in weights
             self.layers.append(
                 LayerWeights(
-                    qkv=torch.cat((q, k, v)),
-                    qkv_bias=torch.cat(biases) if biases[0] is not None else None,  # type: ignore[arg-type]
-                    o=take(f"{p}self_attn.o_proj.weight"),
-                    gate_up=torch.cat(
-                        (take(f"{p}mlp.gate_proj.weight"), take(f"{p}mlp.up_proj.weight"))
-                    ),
-                    down=take(f"{p}mlp.down_proj.weight"),
-                    input_norm=take(f"{p}input_layernorm.weight"),
-                    post_norm=take(f"{p}post_attention_layernorm.weight"),
+                    qkv=linear(*(f"{a}.weight" for a in attn)),
+                    qkv_bias=torch.cat([take(f"{a}.bias", small_dtype) for a in attn])
+                    if has_bias
+                    else None,
+                    o=linear(f"{p}self_attn.o_proj.weight"),
+                    gate_up=linear(f"{p}mlp.gate_proj.weight", f"{p}mlp.up_proj.weight"),
+                    down=linear(f"{p}mlp.down_proj.weight"),
+                    input_norm=take(f"{p}input_layernorm.weight", small_dtype),
+                    post_norm=take(f"{p}post_attention_layernorm.weight", small_dtype),
                 )
             )
-        self.norm = take("model.norm.weight")
-        lm_head = take_optional("lm_head.weight")
-        self.lm_head: Linear = (
-            self.embed if lm_head is None or config.tie_word_embeddings else lm_head
-        )
-        if quantize == "int8":
-            # The embedding table stays as it is for lookups; the output projection (tied or
-            # not) and every layer's linears become int8.
-            self.lm_head = Int8Weight.quantize(self.lm_head, dtype)
-            for layer in self.layers:
-                for name in ("qkv", "o", "gate_up", "down"):
-                    setattr(layer, name, Int8Weight.quantize(getattr(layer, name), dtype))
+        self.norm = take("model.norm.weight", small_dtype)
+        # The embedding table stays as it is for lookups; the output projection (tied or not)
+        # takes the head's form.
+        tied = "lm_head.weight" not in weights or config.tie_word_embeddings
+        lm_source = embed if tied else source("lm_head.weight")
+        weights.pop("lm_head.weight", None)
+        if head_form(quantize) is None and tied:
+            self.lm_head: Linear = self.embed
+        else:
+            self.lm_head = make_linear([lm_source], head_form(quantize), dtype, self.device)
         inv_freq = rope_inv_freq(config, self.device)  # [head_dim / 2] float32
         # The rotary table covers what the deployment serves, not a 128k-position config.
         positions = min(config.max_position_embeddings, max_positions or 1 << 62)
@@ -140,16 +168,31 @@ class LlamaModel:
         emb = torch.cat((freqs, freqs), dim=-1)
         self.cos = emb.cos()  # [max_pos, head_dim]
         self.sin = emb.sin()
+        self.ops: LayerOps = (
+            CpuKernelOps(config, self.cos, self.sin)
+            if kernel_ops
+            else TorchOps(config, self.cos, self.sin, self.accum_dtype)
+        )
+        self.kernels = linear_kernels(quantize, dtype, self.device)
+        self.invariance = invariance(dtype, batch_invariant, self.device, self.ops.name)
 
     @classmethod
     def from_tensors(
         cls,
         config: ModelConfig,
-        tensors: Iterable[tuple[str, torch.Tensor]],
+        tensors: Iterable[tuple[str, Source]],
         **kwargs: object,
     ) -> LlamaModel:
         """Build from (name, tensor) pairs; each is cast and placed once, then dropped."""
         return cls(config, dict(tensors), **kwargs)  # type: ignore[arg-type]
+
+    @classmethod
+    def from_checkpoint(cls, checkpoint: Checkpoint, **kwargs: object) -> LlamaModel:
+        """Build from a checkpoint, taking a GGUF's blocks as stored where the weight form
+        reads them so (q4, q8)."""
+        quantize = kwargs.get("quantize")
+        blocks = kept_blocks(quantize if isinstance(quantize, str) else None)
+        return cls.from_tensors(checkpoint.config, checkpoint.sources(blocks), **kwargs)
 
     @classmethod
     def empty(
@@ -181,29 +224,17 @@ class LlamaModel:
             vocab_size=cfg.vocab_size,
             pool_bytes=self.dtype.itemsize,
             accum_bytes=self.accum_dtype.itemsize,
+            gathers=self.ops.name == "torch",
         )
 
     def _linear(self, x: torch.Tensor, w: Linear, b: torch.Tensor | None = None) -> torch.Tensor:
+        if isinstance(w, Q4Weight | Q8Weight):
+            return w.matmul(x, b)  # float32 in, float32 out
         if isinstance(w, Int8Weight):
             return w.matmul(x, b)
-        rows = x.shape[0]
-        pad = -rows % INVARIANT_ROW_TILE
-        if self.batch_invariant and pad and x.dtype == torch.float32 and x.device.type == "cpu":
-            x = torch.cat((x, x.new_zeros(pad, x.shape[1])))
-            return F.linear(x, w, b)[:rows]
+        if self.batch_invariant and x.dtype == torch.float32 and x.device.type == "cpu":
+            return _tiled_linear(x, w, b)
         return F.linear(x, w, b)
-
-    def _rms_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.config.rms_norm_eps)
-        return weight * xf.to(x.dtype)
-
-    @staticmethod
-    def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        # x: [tokens, heads, head_dim]; Hugging Face layout: rotate the two halves.
-        half = x.shape[-1] // 2
-        rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-        return (x.float() * cos + rotated.float() * sin).to(x.dtype)
 
     # -- forward --------------------------------------------------------------------------
 
@@ -218,36 +249,68 @@ class LlamaModel:
         `logit_rows` defaults to a decode plan's rows as the cache view selects them, and to
         each chunk's last token of a prefill plan.
         """
-        cfg = self.config
-        heads, kv_heads, head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        x = self.embed[plan.input_ids]  # [tokens, hidden]
-        tokens = x.shape[0]
-        q_size, kv_size = heads * head_dim, kv_heads * head_dim
-        cos = self.cos[plan.positions][:, None, :]  # [tokens, 1, head_dim], once for all layers
-        sin = self.sin[plan.positions][:, None, :]
+        ops = self.ops
+        x = ops.residual(self.embed[plan.input_ids])  # [tokens, hidden]
+        rotary = ops.rotary(plan)  # once for all layers
+        h = ops.rms_norm(x, self.layers[0].input_norm)
         for index, layer in enumerate(self.layers):
-            h = self._rms_norm(x, layer.input_norm)
             qkv = self._linear(h, layer.qkv, layer.qkv_bias)  # [tokens, q + 2 kv]
-            q = qkv[:, :q_size].view(tokens, heads, head_dim)
-            k = qkv[:, q_size : q_size + kv_size].view(tokens, kv_heads, head_dim)
-            v = qkv[:, q_size + kv_size :].view(tokens, kv_heads, head_dim)
-            q = self._rotate(q, cos, sin)
-            k = self._rotate(k, cos, sin)
-            cache.write(index, plan, k, v)
-            attn = cache.paged_attention(index, q, plan, self.scale, self.accum_dtype)
-            attn = attn.to(x.dtype).reshape(tokens, q_size)
-            x = x + self._linear(attn, layer.o)
-            h = self._rms_norm(x, layer.post_norm)
+            q = ops.rotate_and_cache(qkv, rotary, plan, cache, index)  # [tokens, q]
+            attn = ops.attention(q, plan, cache, index)  # [tokens, q]
+            h = ops.add_rms_norm(x, self._linear(attn, layer.o), layer.post_norm)
             gate_up = self._linear(h, layer.gate_up)  # [tokens, 2 * intermediate]
-            gate, up = gate_up.chunk(2, dim=-1)
-            x = x + self._linear(F.silu(gate) * up, layer.down)
+            down = self._linear(ops.silu_mul(gate_up), layer.down)  # [tokens, hidden]
+            if index + 1 < len(self.layers):
+                h = ops.add_rms_norm(x, down, self.layers[index + 1].input_norm)
+            else:
+                x.add_(down)
         if logit_rows is None:
             if isinstance(plan, DecodePlan):
                 logit_rows = slice(0, cache.num_logit_rows(plan))
             else:
                 logit_rows = plan.last_token_idx
-        x = self._rms_norm(x[logit_rows], self.norm)
-        return self._linear(x, self.lm_head).float()
+        h = ops.rms_norm(x[logit_rows], self.norm)
+        return self._linear(h, self.lm_head).float()
+
+
+def _tiled_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+    """F.linear on row tiles of exactly INVARIANT_ROW_TILE (the last one zero-padded)."""
+    rows, tile = x.shape[0], INVARIANT_ROW_TILE
+    pad = -rows % tile
+    if pad:
+        x = torch.cat((x, x.new_zeros(pad, x.shape[1])))
+    if rows + pad == tile:
+        return F.linear(x, w, b)[:rows]
+    return torch.cat([F.linear(part, w, b) for part in x.split(tile)])[:rows]
+
+
+def check_kernel_geometry(config: ModelConfig) -> None:
+    """The shapes nanoserve's CPU kernels take: 16-lane vectors along every row they read."""
+    problems = [
+        f"{name} {value} is not a multiple of {multiple}"
+        for name, value, multiple in (
+            ("hidden_size", config.hidden_size, 32),
+            ("intermediate_size", config.intermediate_size, 32),
+            ("head_dim", config.head_dim, 16),
+            ("q_size", config.q_size, 32),
+        )
+        if value % multiple
+    ]
+    if problems:
+        raise QuantizationError(f"the CPU kernels cannot run this model: {'; '.join(problems)}")
+
+
+def linear_kernels(quantize: str | None, dtype: torch.dtype, device: torch.device) -> str:
+    """What runs the linears and the rest of a layer, for the boot line and /health."""
+    if quantize in KERNEL_FORMS:
+        head = "q8" if quantize == "q4" else quantize
+        return f"{quantize}+{head} nanoserve/{load_cpu_kernels().isa}"
+    if quantize == "int8":
+        return "int8 torch/_weight_int8pack_mm"
+    name = str(dtype).removeprefix("torch.")
+    if device.type != "cpu":
+        return f"{name} torch/{device.type}"
+    return f"{name} torch/{'mkl' if dtype == torch.float32 else 'onednn'}"
 
 
 def weight_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:

@@ -1,0 +1,120 @@
+"""llama.cpp, the CPU peer, found and run beside nanoserve in the same benchmark run.
+
+The prebuilt portable llama.cpp (`../shared/peers/llama.cpp`, or $NANOSERVE_LLAMACPP) loads the
+best CPU backend the machine supports (`libggml-cpu-<variant>.so`). If that backend dies on
+this machine (seen: the `sapphirerapids` AMX build raises SIGILL at its first `tilezero` on an
+Intel Xeon with AMX under KVM), the peer is rerun from a copy of its folder without that
+variant, so it loads its next best, and the variant it ran is reported either way. A missing
+peer is one line and no result, never a failure: tests never need it.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import os
+import re
+import shutil
+import signal
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+DEFAULT_DIR = REPO.parent / "shared" / "peers" / "llama.cpp"
+_BACKEND = re.compile(r"loaded CPU backend from \S*libggml-cpu-([\w-]+)\.so")
+
+
+@dataclass(frozen=True, slots=True)
+class Peer:
+    folder: Path  # where the binaries it runs live (a trimmed copy, after a crashing backend)
+    backend: str  # the CPU variant it loaded: "zen4", "haswell", ...
+    note: str  # why a variant was skipped, or ""
+
+    def binary(self, name: str) -> str:
+        return str(self.folder / name)
+
+
+def peer_folder() -> Path | None:
+    folder = Path(os.environ.get("NANOSERVE_LLAMACPP", DEFAULT_DIR))
+    return folder if (folder / "llama-bench").is_file() else None
+
+
+def find_peer(gguf: Path) -> Peer | None:
+    """The peer, probed on `gguf` with a tiny llama-bench run; None (and one line) if absent."""
+    folder = peer_folder()
+    if folder is None:
+        print(
+            f"llama.cpp peer not found (looked in {DEFAULT_DIR}; set NANOSERVE_LLAMACPP): skipped"
+        )
+        return None
+    skipped: list[str] = []
+    while True:
+        probe = subprocess.run(
+            [
+                str(folder / "llama-bench"),
+                "-m",
+                str(gguf),
+                "-t",
+                "1",
+                "-p",
+                "8",
+                "-n",
+                "4",
+                "-r",
+                "1",
+            ],
+            capture_output=True,
+            text=True,
+        )
+        match = _BACKEND.search(probe.stderr + probe.stdout)
+        backend = match.group(1) if match else "?"
+        if probe.returncode == 0:
+            note = f"skipped {', '.join(skipped)} (SIGILL here)" if skipped else ""
+            return Peer(folder, backend, note)
+        if probe.returncode != -signal.SIGILL or backend == "?" or backend in skipped:
+            print(f"llama.cpp peer failed (exit {probe.returncode}): {probe.stderr.strip()[-200:]}")
+            return None
+        skipped.append(backend)
+        folder = _without_variants(folder, skipped)
+
+
+def _without_variants(folder: Path, variants: list[str]) -> Path:
+    """A copy of the peer's folder without the named backends (its libraries load from $ORIGIN,
+    so the copy must be whole, not links)."""
+    copy = Path(tempfile.mkdtemp(prefix="llamacpp-"))
+    excluded = {f"libggml-cpu-{v}.so" for v in variants}
+    for item in folder.iterdir():
+        if item.name not in excluded and item.is_file():
+            shutil.copy2(item, copy / item.name)
+    return copy
+
+
+def llama_bench(peer: Peer, gguf: Path, threads: int, repeats: int) -> dict[str, float]:
+    """llama-bench's pp512 (prefill) and tg128 (single-stream decode) tok/s, averaged over
+    `repeats` runs as llama-bench reports them."""
+    out = subprocess.run(
+        [
+            peer.binary("llama-bench"),
+            "-m",
+            str(gguf),
+            "-t",
+            str(threads),
+            "-p",
+            "512",
+            "-n",
+            "128",
+            "-r",
+            str(repeats),
+            "-o",
+            "csv",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    rates: dict[str, float] = {}
+    for row in csv.DictReader(io.StringIO(out)):
+        rates["pp512" if row["n_prompt"] == "512" else "tg128"] = float(row["avg_ts"])
+    return rates

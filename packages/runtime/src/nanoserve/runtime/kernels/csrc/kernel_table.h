@@ -1,0 +1,92 @@
+// What each ISA's kernels take, and the table of them one ISA offers.
+//
+// Plain pointers and sizes, no torch types: the ISA files (isa_*.cpp) compile without torch's
+// headers, so nothing of torch is ever built with AVX-512 code that an AVX2 machine could
+// reach. library.cpp checks tensors, splits work between threads and calls one table.
+#pragma once
+
+#include <cstdint>
+
+namespace nanoserve {
+
+constexpr int64_t kGroup = 32;        // inputs per quantization group (GGUF's block)
+constexpr int64_t kFeatureBlock = 16;  // output features per packed block (one vector of lanes)
+// Packed bytes of one block's group: 16 features x 32 inputs.
+//   q4: 4 chunks of 64 bytes (byte 4f+b of chunk c: input 8c+b of feature f in the low nibble,
+//       input 8c+4+b in the high nibble), then 16 fp16 scales d, then 16 fp16 minimums m;
+//   q8: 8 chunks of 64 bytes (byte 4f+b of chunk j: input 4j+b of feature f, as w + 128), then
+//       16 fp16 scales d.
+constexpr int64_t kQ4GroupBytes = 4 * 64 + 2 * 32;
+constexpr int64_t kQ8GroupBytes = 8 * 64 + 32;
+
+// Activations quantized per row in groups of 32, as the linears read them.
+struct QuantizedRows {
+  const int8_t* q;       // [rows, k]
+  const float* d;        // [rows, groups]: the group's scale, amax / 127
+  const float* s;        // [rows, groups]: d * (sum of the group's q)
+  const int32_t* qsum;   // [rows, groups]: sum of the group's q
+  int64_t rows, k, groups;
+};
+
+struct LinearArgs {
+  QuantizedRows x;
+  const uint8_t* w;     // [blocks, groups, group bytes]
+  const float* bias;    // [n] or null
+  float* out;           // [rows, n], row stride n
+  int64_t n;
+};
+
+struct AttentionArgs {
+  const float* q;               // [tokens, heads * head_dim], row stride q_stride
+  int64_t q_stride;
+  const void* k;                // [slots + 1, kv_heads, head_dim] float or bf16
+  const void* v;
+  const int64_t* rect;          // [rect rows, width], row stride rect_stride
+  int64_t rect_stride;
+  const int64_t* rect_rows;     // [tokens]: the rectangle row of each token; null: token t -> t
+  const int64_t* context_lens;  // [tokens]: slots visible to each token
+  float* out;                   // [tokens, heads * head_dim]
+  int64_t num_slots;            // slots + 1 entries exist (the last is the sink)
+  int64_t heads, kv_heads, head_dim;
+  float scale;
+  bool bf16;                    // K/V stored as bfloat16 (else float32)
+};
+
+struct RopeArgs {
+  float* qkv;                   // [tokens, (heads + 2 kv_heads) * head_dim], row stride qkv_stride
+  int64_t qkv_stride;
+  const int64_t* positions;     // [tokens]
+  const float* cos;             // [positions, head_dim]
+  const float* sin;
+  void* kv;                     // [2, slots + 1, kv_heads, head_dim]: K then V
+  const int64_t* slots;         // [tokens]: where each token's K/V go
+  int64_t num_slots;            // slots + 1
+  int64_t heads, kv_heads, head_dim;
+  bool bf16;
+};
+
+struct KernelTable {
+  const char* name;
+  // rows [r0, r1) of x [rows, k] (k a multiple of 32) into q, d, s, qsum.
+  void (*quantize)(const float* x, const QuantizedRows& out, int64_t r0, int64_t r1);
+  // output feature blocks [b0, b1) of x @ w.T for every row.
+  void (*q4_linear)(const LinearArgs& a, int64_t b0, int64_t b1);
+  void (*q8_linear)(const LinearArgs& a, int64_t b0, int64_t b1);
+  // tasks [t0, t1) of tokens x kv_heads; scratch holds heads / kv_heads * (width + 16) floats;
+  // false on a slot outside the pool.
+  bool (*attention)(const AttentionArgs& a, int64_t t0, int64_t t1, float* scratch);
+  // tokens [t0, t1): rotary on q and k in place, K and V into the pool; false on a bad slot.
+  bool (*rope_write_kv)(const RopeArgs& a, int64_t t0, int64_t t1);
+  // rows [r0, r1) of [rows, k]: out = w * x / rms(x); with delta, x += delta first (in place).
+  void (*rms_norm)(float* x, const float* delta, const float* w, float* out, int64_t k, float eps,
+                   int64_t r0, int64_t r1);
+  // rows [r0, r1): out[:, i] = silu(gate_up[:, i]) * gate_up[:, half + i].
+  void (*silu_mul)(const float* gate_up, float* out, int64_t half, int64_t r0, int64_t r1);
+  int64_t row_tile;  // rows a linear reads one weight group for (register blocking)
+};
+
+extern const KernelTable kAvx512Table;
+extern const KernelTable kAvx2Table;
+extern const KernelTable kPortableTable;
+
+}  // namespace nanoserve

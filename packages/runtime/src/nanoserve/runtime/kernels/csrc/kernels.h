@@ -1,0 +1,317 @@
+// The CPU kernels, written once over simd.h's 16-lane types and included per ISA.
+//
+// Each output number is computed in one fixed order that depends on neither the number of
+// rows, the thread split, the padding of a batch nor the ISA:
+//   - linears: a group's integer dot product is exact; per output feature the groups are
+//     then accumulated in order, acc = fma(dot, d_w * d_x, acc) (+ fma(m_w, s_x, acc) for q4);
+//   - attention: per token and head, scores in position order, one max, exp, a 16-lane sum
+//     reduced by the fixed tree, and the weighted values accumulated in position order;
+//   - norms, rotary and SiLU: per row, 16 lanes and the fixed tree.
+// So a row's result is the same alone or batched, eager or replayed, on AVX-512 or AVX2.
+//
+// Needs: NS_ROW_TILE (rows per weight pass), and the types and functions of simd.h.
+
+inline int32_t load_x4(const int8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+
+// -- activations to int8 groups ----------------------------------------------------------
+
+void quantize(const float* x, const QuantizedRows& out, int64_t r0, int64_t r1) {
+  const int64_t k = out.k, groups = out.groups;
+  int8_t* q = const_cast<int8_t*>(out.q);
+  float* d = const_cast<float*>(out.d);
+  float* s = const_cast<float*>(out.s);
+  int32_t* qsum = const_cast<int32_t*>(out.qsum);
+  for (int64_t r = r0; r < r1; ++r) {
+    for (int64_t g = 0; g < groups; ++g) {
+      const float* src = x + r * k + g * kGroup;
+      const F16 a = f_load(src), b = f_load(src + 16);
+      const float amax = f_hmax(f_max(f_abs(a), f_abs(b)));
+      const float scale = amax / 127.f;
+      const F16 inv = f_set1(scale != 0.f ? 1.f / scale : 0.f);
+      const I16 qa = f_to_i(f_round(f_mul(a, inv))), qb = f_to_i(f_round(f_mul(b, inv)));
+      i_store_i8(q + r * k + g * kGroup, qa);
+      i_store_i8(q + r * k + g * kGroup + 16, qb);
+      const int32_t total = i_hsum(i_add(qa, qb));
+      const int64_t at = r * groups + g;
+      d[at] = scale;
+      qsum[at] = total;
+      s[at] = scale * static_cast<float>(total);
+    }
+  }
+}
+
+// -- quantized linears -------------------------------------------------------------------
+
+inline void store_block(const LinearArgs& a, int64_t row, int64_t block, F16 acc) {
+  const int64_t n0 = block * kFeatureBlock;
+  float* dst = a.out + row * a.n + n0;
+  if (n0 + kFeatureBlock <= a.n) {
+    if (a.bias) acc = f_add(acc, f_load(a.bias + n0));
+    f_store(dst, acc);
+  } else {  // the last block of a width that is not a multiple of 16: its padding is dropped
+    float lanes[16];
+    f_store(lanes, acc);
+    for (int64_t i = 0; i < a.n - n0; ++i) dst[i] = a.bias ? lanes[i] + a.bias[n0 + i] : lanes[i];
+  }
+}
+
+// Weight bytes ahead of the one being read that a kernel asks the cache for: a thread's blocks
+// are one contiguous stream, and one row's arithmetic is too little to hide memory's latency.
+constexpr int64_t kPrefetchBytes = 4096;
+
+inline void prefetch_group(const uint8_t* w, int64_t bytes) {
+  for (int64_t line = 0; line < bytes; line += 64) __builtin_prefetch(w + kPrefetchBytes + line, 0, 3);
+}
+
+// R rows against one feature block: the block's weights are unpacked once per group for all R.
+// Each row's integer dot product is split over two accumulators (low and high nibbles), whose
+// sum is exact: two short dependency chains instead of one long one.
+template <int R>
+void q4_rows(const LinearArgs& a, int64_t r0, int64_t block) {
+  const QuantizedRows& x = a.x;
+  const uint8_t* w = a.w + block * x.groups * kQ4GroupBytes;
+  F16 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = f_zero();
+  for (int64_t g = 0; g < x.groups; ++g, w += kQ4GroupBytes) {
+    prefetch_group(w, kQ4GroupBytes);
+    I16 dot_lo[R], dot_hi[R];
+    for (int r = 0; r < R; ++r) dot_lo[r] = i_zero(), dot_hi[r] = i_zero();
+    for (int c = 0; c < 4; ++c) {
+      const B64 packed = b_load(w + 64 * c);
+      const B64 lo = b_low_nibbles(packed), hi = b_high_nibbles(packed);  // inputs 8c.., 8c+4..
+      for (int r = 0; r < R; ++r) {
+        const int8_t* xq = x.q + (r0 + r) * x.k + g * kGroup + 8 * c;
+        dot_lo[r] = i_dot(dot_lo[r], lo, load_x4(xq));
+        dot_hi[r] = i_dot(dot_hi[r], hi, load_x4(xq + 4));
+      }
+    }
+    const F16 dw = f_load_f16(reinterpret_cast<const uint16_t*>(w + 256));
+    const F16 mw = f_load_f16(reinterpret_cast<const uint16_t*>(w + 288));
+    for (int r = 0; r < R; ++r) {
+      const int64_t at = (r0 + r) * x.groups + g;
+      acc[r] = f_fma(i_to_f(i_add(dot_lo[r], dot_hi[r])), f_mul(dw, f_set1(x.d[at])), acc[r]);
+      acc[r] = f_fma(mw, f_set1(x.s[at]), acc[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) store_block(a, r0 + r, block, acc[r]);
+}
+
+template <int R>
+void q8_rows(const LinearArgs& a, int64_t r0, int64_t block) {
+  const QuantizedRows& x = a.x;
+  const uint8_t* w = a.w + block * x.groups * kQ8GroupBytes;
+  F16 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = f_zero();
+  for (int64_t g = 0; g < x.groups; ++g, w += kQ8GroupBytes) {
+    prefetch_group(w, kQ8GroupBytes);
+    I16 dot_even[R], dot_odd[R];
+    for (int r = 0; r < R; ++r) dot_even[r] = i_zero(), dot_odd[r] = i_zero();
+    for (int j = 0; j < 8; j += 2) {
+      const B64 even = b_load(w + 64 * j), odd = b_load(w + 64 * (j + 1));
+      for (int r = 0; r < R; ++r) {
+        const int8_t* xq = x.q + (r0 + r) * x.k + g * kGroup + 4 * j;
+        dot_even[r] = i_dot_wide(dot_even[r], even, load_x4(xq));
+        dot_odd[r] = i_dot_wide(dot_odd[r], odd, load_x4(xq + 4));
+      }
+    }
+    const F16 dw = f_load_f16(reinterpret_cast<const uint16_t*>(w + 512));
+    for (int r = 0; r < R; ++r) {
+      const int64_t at = (r0 + r) * x.groups + g;
+      // The weights are stored as w + 128: take 128 * sum(x) back out, exactly.
+      const I16 exact = i_sub(i_add(dot_even[r], dot_odd[r]), i_set1(128 * x.qsum[at]));
+      acc[r] = f_fma(i_to_f(exact), f_mul(dw, f_set1(x.d[at])), acc[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) store_block(a, r0 + r, block, acc[r]);
+}
+
+template <template <int> class Rows>
+void drive_linear(const LinearArgs& a, int64_t b0, int64_t b1) {
+  constexpr int T = NS_ROW_TILE;
+  for (int64_t block = b0; block < b1; ++block) {
+    int64_t r0 = 0;
+    for (; r0 + T <= a.x.rows; r0 += T) Rows<T>::run(a, r0, block);
+    switch (a.x.rows - r0) {  // the last rows, fewer than a tile
+      case 0: break;
+#define NS_TAIL(n) case n: if constexpr (n < T) Rows<n>::run(a, r0, block); break;
+      NS_TAIL(1) NS_TAIL(2) NS_TAIL(3) NS_TAIL(4) NS_TAIL(5) NS_TAIL(6) NS_TAIL(7)
+#undef NS_TAIL
+      default: break;
+    }
+  }
+}
+
+template <int R> struct Q4Rows { static void run(const LinearArgs& a, int64_t r0, int64_t b) { q4_rows<R>(a, r0, b); } };
+template <int R> struct Q8Rows { static void run(const LinearArgs& a, int64_t r0, int64_t b) { q8_rows<R>(a, r0, b); } };
+
+void q4_linear(const LinearArgs& a, int64_t b0, int64_t b1) { drive_linear<Q4Rows>(a, b0, b1); }
+void q8_linear(const LinearArgs& a, int64_t b0, int64_t b1) { drive_linear<Q8Rows>(a, b0, b1); }
+
+// -- paged attention ---------------------------------------------------------------------
+
+template <bool BF16>
+inline F16 load_kv(const void* base, int64_t at) {
+  if constexpr (BF16) return f_load_bf16(static_cast<const uint16_t*>(base) + at);
+  else return f_load(static_cast<const float*>(base) + at);
+}
+
+// One (token, kv head): its query heads over the token's visible slots, read in place.
+// C is head_dim / 16 when known at compile time (the accumulators then live in registers),
+// else 0.
+template <int C, bool BF16>
+bool attend(const AttentionArgs& a, int64_t token, int64_t kv_head, float* scores) {
+  const int64_t group = a.heads / a.kv_heads, dim = a.head_dim;
+  const int64_t chunks = C ? C : dim / 16;
+  const int64_t n = a.context_lens[token];
+  const int64_t* slots = a.rect + (a.rect_rows ? a.rect_rows[token] : token) * a.rect_stride;
+  const int64_t slot_stride = a.kv_heads * dim, head_at = kv_head * dim;
+  float* out = a.out + token * a.heads * dim + kv_head * group * dim;
+  if (n <= 0) {  // a padded row: nothing visible, zeros out
+    for (int64_t i = 0; i < group * dim; ++i) out[i] = 0.f;
+    return true;
+  }
+  for (int64_t p = 0; p < n; ++p)  // a slot outside the pool is refused, never read
+    if (static_cast<uint64_t>(slots[p]) >= static_cast<uint64_t>(a.num_slots)) return false;
+  const int64_t padded = (n + 15) / 16 * 16;
+  for (int64_t h = 0; h < group; ++h) {
+    const float* q = a.q + token * a.q_stride + (kv_head * group + h) * dim;
+    float* s = scores + h * padded;
+    F16 qv[C ? C : 16];
+    for (int64_t c = 0; c < chunks; ++c) qv[c] = f_load(q + 16 * c);
+    // Scores in position order, each a 16-lane dot reduced by the tree.
+    float top = -INFINITY;
+    for (int64_t p = 0; p < n; ++p) {
+      const int64_t at = slots[p] * slot_stride + head_at;
+      F16 dot = f_mul(qv[0], load_kv<BF16>(a.k, at));
+      for (int64_t c = 1; c < chunks; ++c) dot = f_fma(qv[c], load_kv<BF16>(a.k, at + 16 * c), dot);
+      s[p] = f_hsum(dot) * a.scale;
+      top = s[p] > top ? s[p] : top;
+    }
+    // exp(s - max), 16 positions at a time; positions past n weigh exactly 0.
+    F16 total = f_zero();
+    for (int64_t p = 0; p < padded; p += 16) {
+      F16 e = f_exp(f_sub(f_load(s + p), f_set1(top)));
+      if (p + 16 > n) {
+        float lanes[16];
+        f_store(lanes, e);
+        for (int64_t i = n - p; i < 16; ++i) lanes[i] = 0.f;
+        e = f_load(lanes);
+      }
+      f_store(s + p, e);
+      total = f_add(total, e);
+    }
+    const F16 inv = f_set1(1.f / f_hsum(total));
+    // The weighted values, in position order.
+    F16 acc[C ? C : 16];
+    for (int64_t c = 0; c < chunks; ++c) acc[c] = f_zero();
+    for (int64_t p = 0; p < n; ++p) {
+      const F16 weight = f_set1(s[p]);
+      const int64_t at = slots[p] * slot_stride + head_at;
+      for (int64_t c = 0; c < chunks; ++c) acc[c] = f_fma(weight, load_kv<BF16>(a.v, at + 16 * c), acc[c]);
+    }
+    for (int64_t c = 0; c < chunks; ++c) f_store(out + h * dim + 16 * c, f_mul(acc[c], inv));
+  }
+  return true;
+}
+
+template <int C, bool BF16>
+bool attend_tasks(const AttentionArgs& a, int64_t t0, int64_t t1, float* scratch) {
+  for (int64_t task = t0; task < t1; ++task)
+    if (!attend<C, BF16>(a, task / a.kv_heads, task % a.kv_heads, scratch)) return false;
+  return true;
+}
+
+bool attention(const AttentionArgs& a, int64_t t0, int64_t t1, float* scratch) {
+  const int64_t chunks = a.head_dim / 16;
+  if (a.bf16) {
+    if (chunks == 4) return attend_tasks<4, true>(a, t0, t1, scratch);
+    if (chunks == 8) return attend_tasks<8, true>(a, t0, t1, scratch);
+    return attend_tasks<0, true>(a, t0, t1, scratch);
+  }
+  if (chunks == 4) return attend_tasks<4, false>(a, t0, t1, scratch);
+  if (chunks == 8) return attend_tasks<8, false>(a, t0, t1, scratch);
+  return attend_tasks<0, false>(a, t0, t1, scratch);
+}
+
+// -- rotary, and the new K/V into the pool ------------------------------------------------
+
+// Hugging Face's rotary: the two halves of a head, x1 * cos - x2 * sin and x2 * cos + x1 * sin
+// (multiplies and adds rounded separately, as torch's eager rotary is).
+inline void rotate(float* x, const float* cos, const float* sin, int64_t dim) {
+  const int64_t half = dim / 2;
+  int64_t c = 0;
+  for (; c + 16 <= half; c += 16) {
+    const F16 x1 = f_load(x + c), x2 = f_load(x + half + c);
+    f_store(x + c, f_sub(f_mul(x1, f_load(cos + c)), f_mul(x2, f_load(sin + c))));
+    f_store(x + half + c, f_add(f_mul(x2, f_load(cos + half + c)), f_mul(x1, f_load(sin + half + c))));
+  }
+  for (; c < half; ++c) {  // a half narrower than 16 (head_dim 16): the same operations
+    const float x1 = x[c], x2 = x[half + c];
+    x[c] = x1 * cos[c] - x2 * sin[c];
+    x[half + c] = x2 * cos[half + c] + x1 * sin[half + c];
+  }
+}
+
+inline void store_kv(void* base, int64_t at, const float* src, int64_t dim, bool bf16) {
+  for (int64_t c = 0; c < dim; c += 16) {
+    if (bf16) f_store_bf16(static_cast<uint16_t*>(base) + at + c, f_load(src + c));
+    else f_store(static_cast<float*>(base) + at + c, f_load(src + c));
+  }
+}
+
+bool rope_write_kv(const RopeArgs& a, int64_t t0, int64_t t1) {
+  const int64_t dim = a.head_dim, kv_width = a.kv_heads * dim;
+  const int64_t v_base = a.num_slots * kv_width;  // V follows K in the pool
+  for (int64_t t = t0; t < t1; ++t) {
+    const int64_t slot = a.slots[t];
+    if (slot < 0 || slot >= a.num_slots) return false;
+    float* row = a.qkv + t * a.qkv_stride;
+    const float* cos = a.cos + a.positions[t] * dim;
+    const float* sin = a.sin + a.positions[t] * dim;
+    for (int64_t h = 0; h < a.heads + a.kv_heads; ++h) rotate(row + h * dim, cos, sin, dim);
+    const float* k = row + a.heads * dim;
+    store_kv(a.kv, slot * kv_width, k, kv_width, a.bf16);
+    store_kv(a.kv, v_base + slot * kv_width, k + kv_width, kv_width, a.bf16);
+  }
+  return true;
+}
+
+// -- RMSNorm (with the residual add) and SiLU-and-multiply ---------------------------------
+
+void rms_norm(float* x, const float* delta, const float* w, float* out, int64_t k, float eps,
+              int64_t r0, int64_t r1) {
+  for (int64_t r = r0; r < r1; ++r) {
+    float* row = x + r * k;
+    if (delta) {
+      for (int64_t c = 0; c < k; c += 16) f_store(row + c, f_add(f_load(row + c), f_load(delta + r * k + c)));
+    }
+    F16 squares = f_zero();
+    for (int64_t c = 0; c < k; c += 16) {
+      const F16 v = f_load(row + c);
+      squares = f_fma(v, v, squares);
+    }
+    const F16 inv = f_set1(1.f / std::sqrt(f_hsum(squares) / static_cast<float>(k) + eps));
+    for (int64_t c = 0; c < k; c += 16) f_store(out + r * k + c, f_mul(f_load(w + c), f_mul(f_load(row + c), inv)));
+  }
+}
+
+void silu_mul(const float* gate_up, float* out, int64_t half, int64_t r0, int64_t r1) {
+  const F16 one = f_set1(1.f), zero = f_zero();
+  for (int64_t r = r0; r < r1; ++r) {
+    const float* gate = gate_up + r * 2 * half;
+    for (int64_t c = 0; c < half; c += 16) {
+      const F16 g = f_load(gate + c);
+      const F16 silu = f_div(g, f_add(one, f_exp(f_sub(zero, g))));
+      f_store(out + r * half + c, f_mul(silu, f_load(gate + half + c)));
+    }
+  }
+}
+
+const KernelTable table = {
+    NS_ISA_NAME, quantize, q4_linear, q8_linear, attention, rope_write_kv, rms_norm, silu_mul,
+    NS_ROW_TILE,
+};

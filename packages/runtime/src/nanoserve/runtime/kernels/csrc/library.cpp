@@ -1,0 +1,285 @@
+// torch.ops.nanoserve.*: the CPU kernels as torch operators.
+//
+// This file checks arguments, allocates outputs, splits the work between torch's threads and
+// calls the kernel table of one ISA, chosen at load from what the CPU supports (AVX-512 with
+// VNNI, else AVX2 with FMA and F16C, else plain C++), as llama.cpp does. The tables compute the
+// same bits, so the choice changes speed only; `force_isa` lets tests compare them.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <atomic>
+#include <string>
+#include <vector>
+
+#include "kernel_table.h"
+
+namespace nanoserve {
+namespace {
+
+const KernelTable* best_table() {
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+      __builtin_cpu_supports("avx512vnni"))
+    return &kAvx512Table;
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+      __builtin_cpu_supports("f16c"))
+    return &kAvx2Table;
+  return &kPortableTable;
+}
+
+const KernelTable*& table() {
+  static const KernelTable* chosen = best_table();
+  return chosen;
+}
+
+// Work below this many multiply-adds runs on the calling thread: waking the pool costs more.
+constexpr int64_t kParallelWork = 1 << 16;
+
+int64_t grain_for(int64_t work_per_item) {
+  return std::max<int64_t>(1, kParallelWork / std::max<int64_t>(1, work_per_item));
+}
+
+void check_rows(const at::Tensor& x, const char* name, int64_t multiple) {
+  TORCH_CHECK(x.device().is_cpu() && x.scalar_type() == at::kFloat && x.dim() == 2,
+              name, " must be a 2-D float32 CPU tensor, got ", x.sizes(), " ", x.scalar_type());
+  TORCH_CHECK(x.is_contiguous(), name, " must be contiguous");
+  TORCH_CHECK(x.size(1) % multiple == 0, name, " width ", x.size(1), " is not a multiple of ",
+              multiple);
+}
+
+void check_index(const at::Tensor& t, const char* name, int64_t length) {
+  TORCH_CHECK(t.scalar_type() == at::kLong && t.dim() == 1 && t.is_contiguous() &&
+                  t.size(0) == length,
+              name, " must be a contiguous int64 vector of ", length, ", got ", t.sizes(), " ",
+              t.scalar_type());
+}
+
+// [2, slots + 1, kv_heads, head_dim] float32 or bfloat16.
+void check_pool(const at::Tensor& kv) {
+  TORCH_CHECK(kv.dim() == 4 && kv.size(0) == 2 && kv.is_contiguous() &&
+                  (kv.scalar_type() == at::kFloat || kv.scalar_type() == at::kBFloat16),
+              "the K/V pool must be a contiguous [2, slots + 1, kv_heads, head_dim] float32 or "
+              "bfloat16 tensor, got ", kv.sizes(), " ", kv.scalar_type());
+  TORCH_CHECK(kv.size(3) % 16 == 0, "head_dim ", kv.size(3), " is not a multiple of 16");
+}
+
+// -- linears -------------------------------------------------------------------------------
+
+at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& w, int64_t n,
+                        const std::optional<at::Tensor>& bias, bool q4) {
+  check_rows(x, "x", kGroup);
+  const int64_t rows = x.size(0), k = x.size(1), groups = k / kGroup;
+  const int64_t blocks = (n + kFeatureBlock - 1) / kFeatureBlock;
+  const int64_t bytes = blocks * groups * (q4 ? kQ4GroupBytes : kQ8GroupBytes);
+  TORCH_CHECK(w.scalar_type() == at::kByte && w.dim() == 1 && w.is_contiguous() &&
+                  w.numel() == bytes,
+              "packed weights for ", n, " x ", k, " must be ", bytes, " contiguous bytes, got ",
+              w.sizes(), " ", w.scalar_type());
+  if (bias) {
+    TORCH_CHECK(bias->scalar_type() == at::kFloat && bias->dim() == 1 && bias->size(0) == n &&
+                    bias->is_contiguous(),
+                "bias must be a contiguous float32 vector of ", n);
+  }
+  at::Tensor out = at::empty({rows, n}, x.options());
+  if (rows == 0 || n == 0) return out;
+  at::Tensor q = at::empty({rows, k}, x.options().dtype(at::kChar));
+  at::Tensor d = at::empty({rows, groups}, x.options());
+  at::Tensor s = at::empty({rows, groups}, x.options());
+  at::Tensor qsum = at::empty({rows, groups}, x.options().dtype(at::kInt));
+  const QuantizedRows xq{q.data_ptr<int8_t>(), d.data_ptr<float>(), s.data_ptr<float>(),
+                         qsum.data_ptr<int32_t>(), rows, k, groups};
+  const KernelTable* t = table();
+  const float* xp = x.data_ptr<float>();
+  at::parallel_for(0, rows, grain_for(k), [&](int64_t r0, int64_t r1) { t->quantize(xp, xq, r0, r1); });
+  const LinearArgs args{xq, w.data_ptr<uint8_t>(), bias ? bias->data_ptr<float>() : nullptr,
+                        out.data_ptr<float>(), n};
+  auto kernel = q4 ? t->q4_linear : t->q8_linear;
+  at::parallel_for(0, blocks, grain_for(rows * k * kFeatureBlock),
+                   [&](int64_t b0, int64_t b1) { kernel(args, b0, b1); });
+  return out;
+}
+
+at::Tensor q4_linear(const at::Tensor& x, const at::Tensor& w, int64_t n,
+                     const std::optional<at::Tensor>& bias) {
+  return quant_linear(x, w, n, bias, true);
+}
+
+at::Tensor q8_linear(const at::Tensor& x, const at::Tensor& w, int64_t n,
+                     const std::optional<at::Tensor>& bias) {
+  return quant_linear(x, w, n, bias, false);
+}
+
+// -- attention -----------------------------------------------------------------------------
+
+at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& kv, const at::Tensor& rect,
+                           const std::optional<at::Tensor>& rect_rows,
+                           const at::Tensor& context_lens, double scale, int64_t heads) {
+  check_pool(kv);
+  const int64_t kv_heads = kv.size(2), dim = kv.size(3), tokens = q.size(0);
+  TORCH_CHECK(heads > 0 && heads % kv_heads == 0, heads, " query heads do not group over ",
+              kv_heads, " K/V heads");
+  TORCH_CHECK(q.scalar_type() == at::kFloat && q.dim() == 2 && q.stride(1) == 1 &&
+                  q.size(1) == heads * dim,
+              "q must be float32 [tokens, ", heads * dim, "] with unit inner stride, got ",
+              q.sizes(), " ", q.scalar_type());
+  TORCH_CHECK(rect.scalar_type() == at::kLong && rect.dim() == 2 && rect.stride(1) == 1,
+              "the slot rectangle must be int64 [rows, width] with unit inner stride");
+  check_index(context_lens, "context_lens", tokens);
+  if (rect_rows) {
+    check_index(*rect_rows, "rect_rows", tokens);
+  } else {
+    TORCH_CHECK(rect.size(0) == tokens, "without rect_rows the rectangle needs one row per token");
+  }
+  const int64_t* lens = context_lens.data_ptr<int64_t>();
+  const int64_t* rows = rect_rows ? rect_rows->data_ptr<int64_t>() : nullptr;
+  for (int64_t t = 0; t < tokens; ++t) {  // the host side of the addressing, checked once
+    TORCH_CHECK(lens[t] >= 0 && lens[t] <= rect.size(1), "token ", t, " sees ", lens[t],
+                " slots of a rectangle ", rect.size(1), " wide");
+    TORCH_CHECK(!rows || (rows[t] >= 0 && rows[t] < rect.size(0)), "token ", t,
+                " names rectangle row ", rows ? rows[t] : 0, " of ", rect.size(0));
+  }
+  at::Tensor out = at::empty({tokens, heads * dim}, q.options());
+  const bool bf16 = kv.scalar_type() == at::kBFloat16;
+  const int64_t element = bf16 ? 2 : 4;
+  const char* base = static_cast<const char*>(kv.data_ptr());
+  const AttentionArgs args{q.data_ptr<float>(), q.stride(0), base,
+                           base + kv.size(1) * kv_heads * dim * element, rect.data_ptr<int64_t>(),
+                           rect.stride(0), rows, lens, out.data_ptr<float>(), kv.size(1), heads,
+                           kv_heads, dim, static_cast<float>(scale), bf16};
+  const int64_t group = heads / kv_heads, width = rect.size(1);
+  std::atomic<bool> ok{true};
+  const KernelTable* t = table();
+  at::parallel_for(0, tokens * kv_heads, grain_for(group * width * dim), [&](int64_t t0, int64_t t1) {
+    std::vector<float> scratch(group * (width + 16));
+    if (!t->attention(args, t0, t1, scratch.data())) ok = false;
+  });
+  TORCH_CHECK(ok.load(), "a slot in the rectangle is outside the K/V pool of ", kv.size(1), " slots");
+  return out;
+}
+
+// -- rotary and the K/V write --------------------------------------------------------------
+
+void rope_write_kv(const at::Tensor& qkv, const at::Tensor& positions, const at::Tensor& cos,
+                   const at::Tensor& sin, const at::Tensor& kv, const at::Tensor& slots,
+                   int64_t heads) {
+  check_pool(kv);
+  const int64_t kv_heads = kv.size(2), dim = kv.size(3), tokens = qkv.size(0);
+  TORCH_CHECK(qkv.scalar_type() == at::kFloat && qkv.dim() == 2 && qkv.stride(1) == 1 &&
+                  qkv.size(1) == (heads + 2 * kv_heads) * dim,
+              "qkv must be float32 [tokens, ", (heads + 2 * kv_heads) * dim, "], got ", qkv.sizes());
+  TORCH_CHECK(cos.scalar_type() == at::kFloat && cos.is_contiguous() && cos.dim() == 2 &&
+                  cos.size(1) == dim && cos.sizes() == sin.sizes() && sin.is_contiguous() &&
+                  sin.scalar_type() == at::kFloat,
+              "cos and sin must be contiguous float32 [positions, ", dim, "]");
+  check_index(positions, "positions", tokens);
+  check_index(slots, "slots", tokens);
+  const int64_t* pos = positions.data_ptr<int64_t>();
+  for (int64_t t = 0; t < tokens; ++t)
+    TORCH_CHECK(pos[t] >= 0 && pos[t] < cos.size(0), "position ", pos[t], " is outside the ",
+                cos.size(0), "-position rotary table");
+  const RopeArgs args{qkv.data_ptr<float>(), qkv.stride(0), pos, cos.data_ptr<float>(),
+                      sin.data_ptr<float>(), kv.data_ptr(), slots.data_ptr<int64_t>(),
+                      kv.size(1), heads, kv_heads, dim, kv.scalar_type() == at::kBFloat16};
+  std::atomic<bool> ok{true};
+  const KernelTable* t = table();
+  at::parallel_for(0, tokens, grain_for(qkv.size(1) * 4), [&](int64_t t0, int64_t t1) {
+    if (!t->rope_write_kv(args, t0, t1)) ok = false;
+  });
+  TORCH_CHECK(ok.load(), "a write slot is outside the K/V pool of ", kv.size(1), " slots");
+}
+
+// -- RMSNorm and SiLU ------------------------------------------------------------------------
+
+void check_norm_weight(const at::Tensor& w, int64_t k) {
+  TORCH_CHECK(w.scalar_type() == at::kFloat && w.dim() == 1 && w.size(0) == k && w.is_contiguous(),
+              "the norm weight must be a contiguous float32 vector of ", k);
+}
+
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w, double eps) {
+  check_rows(x, "x", 16);
+  check_norm_weight(w, x.size(1));
+  at::Tensor out = at::empty_like(x);
+  const KernelTable* t = table();
+  float* xp = x.data_ptr<float>();
+  at::parallel_for(0, x.size(0), grain_for(x.size(1) * 4), [&](int64_t r0, int64_t r1) {
+    t->rms_norm(xp, nullptr, w.data_ptr<float>(), out.data_ptr<float>(), x.size(1),
+                static_cast<float>(eps), r0, r1);
+  });
+  return out;
+}
+
+// x += delta (in place), then RMSNorm of the new x.
+at::Tensor add_rms_norm(const at::Tensor& x, const at::Tensor& delta, const at::Tensor& w, double eps) {
+  check_rows(x, "x", 16);
+  check_rows(delta, "delta", 16);
+  TORCH_CHECK(delta.sizes() == x.sizes(), "delta ", delta.sizes(), " does not match x ", x.sizes());
+  check_norm_weight(w, x.size(1));
+  at::Tensor out = at::empty_like(x);
+  const KernelTable* t = table();
+  at::parallel_for(0, x.size(0), grain_for(x.size(1) * 4), [&](int64_t r0, int64_t r1) {
+    t->rms_norm(x.data_ptr<float>(), delta.data_ptr<float>(), w.data_ptr<float>(),
+                out.data_ptr<float>(), x.size(1), static_cast<float>(eps), r0, r1);
+  });
+  return out;
+}
+
+at::Tensor silu_mul(const at::Tensor& gate_up) {
+  check_rows(gate_up, "gate_up", 32);
+  const int64_t half = gate_up.size(1) / 2;
+  at::Tensor out = at::empty({gate_up.size(0), half}, gate_up.options());
+  const KernelTable* t = table();
+  at::parallel_for(0, gate_up.size(0), grain_for(half * 8), [&](int64_t r0, int64_t r1) {
+    t->silu_mul(gate_up.data_ptr<float>(), out.data_ptr<float>(), half, r0, r1);
+  });
+  return out;
+}
+
+// -- the ISA ---------------------------------------------------------------------------------
+
+std::string kernel_isa() { return table()->name; }
+std::string best_isa() { return best_table()->name; }
+
+// Tests pin a path ("auto": the best this CPU runs); a path the CPU lacks is refused.
+std::string force_isa(const std::string& name) {
+  const std::vector<const KernelTable*> order{&kPortableTable, &kAvx2Table, &kAvx512Table};
+  const KernelTable* best = best_table();
+  const auto rank = [&](const KernelTable* t) { return std::find(order.begin(), order.end(), t) - order.begin(); };
+  const KernelTable* wanted = name == "auto" ? best : nullptr;
+  for (const KernelTable* t : order)
+    if (name == t->name) wanted = t;
+  TORCH_CHECK(wanted != nullptr, "unknown kernel ISA '", name, "' (portable, avx2, avx512-vnni, auto)");
+  TORCH_CHECK(rank(wanted) <= rank(best), "this CPU cannot run ", name, " (best: ", best->name, ")");
+  table() = wanted;
+  return wanted->name;
+}
+
+}  // namespace
+}  // namespace nanoserve
+
+TORCH_LIBRARY(nanoserve, m) {
+  m.def("q4_linear(Tensor x, Tensor w, int n, Tensor? bias=None) -> Tensor");
+  m.def("q8_linear(Tensor x, Tensor w, int n, Tensor? bias=None) -> Tensor");
+  m.def("paged_attention(Tensor q, Tensor kv, Tensor rect, Tensor? rect_rows, Tensor context_lens, "
+        "float scale, int heads) -> Tensor");
+  m.def("rope_write_kv(Tensor(a!) qkv, Tensor positions, Tensor cos, Tensor sin, Tensor(b!) kv, "
+        "Tensor slots, int heads) -> ()");
+  m.def("rms_norm(Tensor x, Tensor w, float eps) -> Tensor");
+  m.def("add_rms_norm(Tensor(a!) x, Tensor delta, Tensor w, float eps) -> Tensor");
+  m.def("silu_mul(Tensor gate_up) -> Tensor");
+  m.def("kernel_isa() -> str", nanoserve::kernel_isa);
+  m.def("best_isa() -> str", nanoserve::best_isa);
+  m.def("force_isa(str name) -> str", nanoserve::force_isa);
+}
+
+TORCH_LIBRARY_IMPL(nanoserve, CPU, m) {
+  m.impl("q4_linear", nanoserve::q4_linear);
+  m.impl("q8_linear", nanoserve::q8_linear);
+  m.impl("paged_attention", nanoserve::paged_attention);
+  m.impl("rope_write_kv", nanoserve::rope_write_kv);
+  m.impl("rms_norm", nanoserve::rms_norm);
+  m.impl("add_rms_norm", nanoserve::add_rms_norm);
+  m.impl("silu_mul", nanoserve::silu_mul);
+}

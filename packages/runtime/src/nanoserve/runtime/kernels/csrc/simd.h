@@ -1,0 +1,299 @@
+// Sixteen-lane vectors with the same arithmetic on every ISA.
+//
+// Included once per ISA, inside that ISA's namespace, with one of NS_AVX512, NS_AVX2 or
+// NS_PORTABLE defined (see isa_*.cpp). F16 is 16 floats, I16 16 int32 lanes, B64 64 bytes.
+// Every operation is exact IEEE per lane (add, mul, div, sqrt, fma with one rounding, round
+// to nearest even), and the only cross-lane operations, hsum and hmax, reduce in one fixed
+// tree. So a kernel written on these types gives the same bits on AVX-512, AVX2 and plain
+// C++: the ISA changes the speed, never the result.
+//
+// The tree: lanes i and i+8, then i and i+4, then i and i+2, then 0 and 1.
+
+// The including file has already included <immintrin.h>, <cmath>, <cstdint> and <cstring>.
+
+#if defined(NS_AVX512) + defined(NS_AVX2) + defined(NS_PORTABLE) != 1
+#error "define exactly one of NS_AVX512, NS_AVX2, NS_PORTABLE"
+#endif
+
+// -- AVX-512 (F, BW, VL, DQ, VNNI) --------------------------------------------------------
+#if defined(NS_AVX512)
+
+struct F16 { __m512 v; };
+struct I16 { __m512i v; };
+struct B64 { __m512i v; };
+
+inline F16 f_zero() { return {_mm512_setzero_ps()}; }
+inline F16 f_set1(float x) { return {_mm512_set1_ps(x)}; }
+inline F16 f_load(const float* p) { return {_mm512_loadu_ps(p)}; }
+inline void f_store(float* p, F16 a) { _mm512_storeu_ps(p, a.v); }
+inline F16 f_load_bf16(const uint16_t* p) {
+  const __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  return {_mm512_castsi512_ps(_mm512_slli_epi32(wide, 16))};
+}
+inline F16 f_load_f16(const uint16_t* p) {
+  return {_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)))};
+}
+// Round to nearest even, as torch's float -> bfloat16 does (NaN aside).
+inline void f_store_bf16(uint16_t* p, F16 a) {
+  __m512i bits = _mm512_castps_si512(a.v);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+  bits = _mm512_add_epi32(bits, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF)));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(_mm512_srli_epi32(bits, 16)));
+}
+inline F16 f_add(F16 a, F16 b) { return {_mm512_add_ps(a.v, b.v)}; }
+inline F16 f_sub(F16 a, F16 b) { return {_mm512_sub_ps(a.v, b.v)}; }
+inline F16 f_mul(F16 a, F16 b) { return {_mm512_mul_ps(a.v, b.v)}; }
+inline F16 f_div(F16 a, F16 b) { return {_mm512_div_ps(a.v, b.v)}; }
+inline F16 f_fma(F16 a, F16 b, F16 c) { return {_mm512_fmadd_ps(a.v, b.v, c.v)}; }
+inline F16 f_max(F16 a, F16 b) { return {_mm512_max_ps(a.v, b.v)}; }
+inline F16 f_min(F16 a, F16 b) { return {_mm512_min_ps(a.v, b.v)}; }
+inline F16 f_abs(F16 a) { return {_mm512_abs_ps(a.v)}; }
+inline F16 f_round(F16 a) {
+  return {_mm512_roundscale_ps(a.v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)};
+}
+inline I16 f_to_i(F16 a) { return {_mm512_cvtps_epi32(a.v)}; }  // of an integral value: exact
+inline F16 i_to_f(I16 a) { return {_mm512_cvtepi32_ps(a.v)}; }
+inline F16 i_as_f(I16 a) { return {_mm512_castsi512_ps(a.v)}; }
+inline float f_hsum(F16 a) {
+  const __m256 s = _mm256_add_ps(_mm512_castps512_ps256(a.v),
+                                 _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a.v), 1)));
+  __m128 t = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+  t = _mm_add_ps(t, _mm_movehl_ps(t, t));
+  return _mm_cvtss_f32(_mm_add_ss(t, _mm_movehdup_ps(t)));
+}
+inline float f_hmax(F16 a) {  // the tree, as f_hsum: a max of signed zeros depends on order
+  const __m256 s = _mm256_max_ps(_mm512_castps512_ps256(a.v),
+                                 _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a.v), 1)));
+  __m128 t = _mm_max_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+  t = _mm_max_ps(t, _mm_movehl_ps(t, t));
+  return _mm_cvtss_f32(_mm_max_ss(t, _mm_movehdup_ps(t)));
+}
+
+inline I16 i_zero() { return {_mm512_setzero_si512()}; }
+inline I16 i_set1(int32_t x) { return {_mm512_set1_epi32(x)}; }
+inline I16 i_add(I16 a, I16 b) { return {_mm512_add_epi32(a.v, b.v)}; }
+inline I16 i_sub(I16 a, I16 b) { return {_mm512_sub_epi32(a.v, b.v)}; }
+inline I16 i_shl(I16 a, int n) { return {_mm512_slli_epi32(a.v, n)}; }
+inline int32_t i_hsum(I16 a) { return _mm512_reduce_add_epi32(a.v); }  // exact in any order
+inline void i_store_i8(int8_t* p, I16 a) {  // of values in [-127, 127]
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm512_cvtsepi32_epi8(a.v));
+}
+
+inline B64 b_load(const uint8_t* p) { return {_mm512_loadu_si512(p)}; }
+inline B64 b_low_nibbles(B64 a) { return {_mm512_and_si512(a.v, _mm512_set1_epi8(0x0F))}; }
+inline B64 b_high_nibbles(B64 a) {
+  return {_mm512_and_si512(_mm512_srli_epi16(a.v, 4), _mm512_set1_epi8(0x0F))};
+}
+// acc[lane] + sum over b < 4 of w[4 lane + b] (unsigned) * x[b] (signed): exact in int32.
+inline I16 i_dot(I16 acc, B64 w, int32_t x4) {
+  return {_mm512_dpbusd_epi32(acc.v, w.v, _mm512_set1_epi32(x4))};
+}
+// The same for w up to 255 (the unsigned form of int8 weights): dpbusd does not saturate.
+inline I16 i_dot_wide(I16 acc, B64 w, int32_t x4) { return i_dot(acc, w, x4); }
+
+// -- AVX2 (with FMA and F16C): each 16-lane vector is two 8-lane halves -------------------
+#elif defined(NS_AVX2)
+
+struct F16 { __m256 lo, hi; };
+struct I16 { __m256i lo, hi; };
+struct B64 { __m256i lo, hi; };
+
+inline F16 f_zero() { return {_mm256_setzero_ps(), _mm256_setzero_ps()}; }
+inline F16 f_set1(float x) { return {_mm256_set1_ps(x), _mm256_set1_ps(x)}; }
+inline F16 f_load(const float* p) { return {_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}; }
+inline void f_store(float* p, F16 a) { _mm256_storeu_ps(p, a.lo), _mm256_storeu_ps(p + 8, a.hi); }
+inline __m256 bf16x8(const uint16_t* p) {
+  const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
+}
+inline F16 f_load_bf16(const uint16_t* p) { return {bf16x8(p), bf16x8(p + 8)}; }
+inline F16 f_load_f16(const uint16_t* p) {
+  return {_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))),
+          _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 8)))};
+}
+inline void bf16x8_store(uint16_t* p, __m256 a) {
+  __m256i bits = _mm256_castps_si256(a);
+  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
+  bits = _mm256_srli_epi32(_mm256_add_epi32(bits, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7FFF))), 16);
+  // 8 int32 holding 16-bit values -> 8 uint16 (packus keeps them: they are below 2^16).
+  const __m128i packed = _mm_packus_epi32(_mm256_castsi256_si128(bits), _mm256_extracti128_si256(bits, 1));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), packed);
+}
+inline void f_store_bf16(uint16_t* p, F16 a) { bf16x8_store(p, a.lo), bf16x8_store(p + 8, a.hi); }
+inline F16 f_add(F16 a, F16 b) { return {_mm256_add_ps(a.lo, b.lo), _mm256_add_ps(a.hi, b.hi)}; }
+inline F16 f_sub(F16 a, F16 b) { return {_mm256_sub_ps(a.lo, b.lo), _mm256_sub_ps(a.hi, b.hi)}; }
+inline F16 f_mul(F16 a, F16 b) { return {_mm256_mul_ps(a.lo, b.lo), _mm256_mul_ps(a.hi, b.hi)}; }
+inline F16 f_div(F16 a, F16 b) { return {_mm256_div_ps(a.lo, b.lo), _mm256_div_ps(a.hi, b.hi)}; }
+inline F16 f_fma(F16 a, F16 b, F16 c) {
+  return {_mm256_fmadd_ps(a.lo, b.lo, c.lo), _mm256_fmadd_ps(a.hi, b.hi, c.hi)};
+}
+inline F16 f_max(F16 a, F16 b) { return {_mm256_max_ps(a.lo, b.lo), _mm256_max_ps(a.hi, b.hi)}; }
+inline F16 f_min(F16 a, F16 b) { return {_mm256_min_ps(a.lo, b.lo), _mm256_min_ps(a.hi, b.hi)}; }
+inline F16 f_abs(F16 a) {
+  const __m256 mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+  return {_mm256_and_ps(a.lo, mask), _mm256_and_ps(a.hi, mask)};
+}
+inline F16 f_round(F16 a) {
+  constexpr int mode = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+  return {_mm256_round_ps(a.lo, mode), _mm256_round_ps(a.hi, mode)};
+}
+inline I16 f_to_i(F16 a) { return {_mm256_cvtps_epi32(a.lo), _mm256_cvtps_epi32(a.hi)}; }
+inline F16 i_to_f(I16 a) { return {_mm256_cvtepi32_ps(a.lo), _mm256_cvtepi32_ps(a.hi)}; }
+inline F16 i_as_f(I16 a) { return {_mm256_castsi256_ps(a.lo), _mm256_castsi256_ps(a.hi)}; }
+inline float f_hsum(F16 a) {
+  const __m256 s = _mm256_add_ps(a.lo, a.hi);
+  __m128 t = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+  t = _mm_add_ps(t, _mm_movehl_ps(t, t));
+  return _mm_cvtss_f32(_mm_add_ss(t, _mm_movehdup_ps(t)));
+}
+inline float f_hmax(F16 a) {
+  const __m256 s = _mm256_max_ps(a.lo, a.hi);
+  __m128 t = _mm_max_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+  t = _mm_max_ps(t, _mm_movehl_ps(t, t));
+  return _mm_cvtss_f32(_mm_max_ss(t, _mm_movehdup_ps(t)));
+}
+
+inline I16 i_zero() { return {_mm256_setzero_si256(), _mm256_setzero_si256()}; }
+inline I16 i_set1(int32_t x) { return {_mm256_set1_epi32(x), _mm256_set1_epi32(x)}; }
+inline I16 i_add(I16 a, I16 b) { return {_mm256_add_epi32(a.lo, b.lo), _mm256_add_epi32(a.hi, b.hi)}; }
+inline I16 i_sub(I16 a, I16 b) { return {_mm256_sub_epi32(a.lo, b.lo), _mm256_sub_epi32(a.hi, b.hi)}; }
+inline I16 i_shl(I16 a, int n) { return {_mm256_slli_epi32(a.lo, n), _mm256_slli_epi32(a.hi, n)}; }
+inline int32_t i_hsum(I16 a) {
+  const __m256i s = _mm256_add_epi32(a.lo, a.hi);
+  __m128i t = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+  t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0x4E));
+  return _mm_cvtsi128_si32(_mm_add_epi32(t, _mm_shuffle_epi32(t, 0xB1)));
+}
+inline void i_store_i8(int8_t* p, I16 a) {  // of values in [-127, 127]
+  const __m256i words = _mm256_permute4x64_epi64(_mm256_packs_epi32(a.lo, a.hi), 0xD8);
+  const __m128i bytes = _mm_packs_epi16(_mm256_castsi256_si128(words), _mm256_extracti128_si256(words, 1));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), bytes);
+}
+
+inline B64 b_load(const uint8_t* p) {
+  return {_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)),
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32))};
+}
+inline B64 b_low_nibbles(B64 a) {
+  const __m256i m = _mm256_set1_epi8(0x0F);
+  return {_mm256_and_si256(a.lo, m), _mm256_and_si256(a.hi, m)};
+}
+inline B64 b_high_nibbles(B64 a) {
+  const __m256i m = _mm256_set1_epi8(0x0F);
+  return {_mm256_and_si256(_mm256_srli_epi16(a.lo, 4), m), _mm256_and_si256(_mm256_srli_epi16(a.hi, 4), m)};
+}
+// maddubs multiplies unsigned by signed bytes and adds pairs into int16 with saturation; for
+// w <= 15 and |x| <= 127 a pair is at most 3,810, so nothing saturates and the sum is exact.
+inline __m256i dot8(__m256i acc, __m256i w, __m256i x) {
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), _mm256_set1_epi16(1)));
+}
+inline I16 i_dot(I16 acc, B64 w, int32_t x4) {
+  const __m256i x = _mm256_set1_epi32(x4);
+  return {dot8(acc.lo, w.lo, x), dot8(acc.hi, w.hi, x)};
+}
+// w up to 255 would saturate maddubs, so it is split into nibbles: w = 16 h + l.
+inline I16 i_dot_wide(I16 acc, B64 w, int32_t x4) {
+  const I16 high = i_dot(i_zero(), b_high_nibbles(w), x4);
+  return i_dot(i_add(acc, i_shl(high, 4)), b_low_nibbles(w), x4);
+}
+
+// -- plain C++: the same operations one lane at a time -----------------------------------
+#else
+
+struct F16 { float v[16]; };
+struct I16 { int32_t v[16]; };
+struct B64 { uint8_t v[64]; };
+
+#define NS_LANES(expr) \
+  for (int i = 0; i < 16; ++i) r.v[i] = (expr);
+
+inline F16 f_zero() { F16 r; NS_LANES(0.f) return r; }
+inline F16 f_set1(float x) { F16 r; NS_LANES(x) return r; }
+inline F16 f_load(const float* p) { F16 r; NS_LANES(p[i]) return r; }
+inline void f_store(float* p, F16 a) { for (int i = 0; i < 16; ++i) p[i] = a.v[i]; }
+inline float bits_to_float(uint32_t bits) { float f; std::memcpy(&f, &bits, 4); return f; }
+inline uint32_t float_to_bits(float f) { uint32_t b; std::memcpy(&b, &f, 4); return b; }
+inline F16 f_load_bf16(const uint16_t* p) { F16 r; NS_LANES(bits_to_float(uint32_t(p[i]) << 16)) return r; }
+inline float half_to_float(uint16_t h) {
+  // IEEE half -> float, exactly (F16C's vcvtph2ps does the same).
+  const uint32_t sign = uint32_t(h & 0x8000) << 16, exp = (h >> 10) & 0x1F, man = h & 0x3FF;
+  if (exp == 0x1F) return bits_to_float(sign | 0x7F800000 | (man << 13));
+  if (exp != 0) return bits_to_float(sign | ((exp + 112) << 23) | (man << 13));
+  const float value = std::ldexp(static_cast<float>(man), -24);  // subnormal: exact
+  return sign ? -value : value;
+}
+inline F16 f_load_f16(const uint16_t* p) { F16 r; NS_LANES(half_to_float(p[i])) return r; }
+inline void f_store_bf16(uint16_t* p, F16 a) {
+  for (int i = 0; i < 16; ++i) {
+    const uint32_t bits = float_to_bits(a.v[i]);
+    p[i] = static_cast<uint16_t>((bits + ((bits >> 16) & 1) + 0x7FFF) >> 16);
+  }
+}
+inline F16 f_add(F16 a, F16 b) { F16 r; NS_LANES(a.v[i] + b.v[i]) return r; }
+inline F16 f_sub(F16 a, F16 b) { F16 r; NS_LANES(a.v[i] - b.v[i]) return r; }
+inline F16 f_mul(F16 a, F16 b) { F16 r; NS_LANES(a.v[i] * b.v[i]) return r; }
+inline F16 f_div(F16 a, F16 b) { F16 r; NS_LANES(a.v[i] / b.v[i]) return r; }
+inline F16 f_fma(F16 a, F16 b, F16 c) { F16 r; NS_LANES(std::fma(a.v[i], b.v[i], c.v[i])) return r; }
+// As the SIMD max/min: the second operand when the comparison is false (NaN aside, equal).
+inline F16 f_max(F16 a, F16 b) { F16 r; NS_LANES(a.v[i] > b.v[i] ? a.v[i] : b.v[i]) return r; }
+inline F16 f_min(F16 a, F16 b) { F16 r; NS_LANES(a.v[i] < b.v[i] ? a.v[i] : b.v[i]) return r; }
+inline F16 f_abs(F16 a) { F16 r; NS_LANES(std::fabs(a.v[i])) return r; }
+inline F16 f_round(F16 a) { F16 r; NS_LANES(std::nearbyint(a.v[i])) return r; }
+inline I16 f_to_i(F16 a) { I16 r; NS_LANES(static_cast<int32_t>(a.v[i])) return r; }
+inline F16 i_to_f(I16 a) { F16 r; NS_LANES(static_cast<float>(a.v[i])) return r; }
+inline F16 i_as_f(I16 a) { F16 r; NS_LANES(bits_to_float(static_cast<uint32_t>(a.v[i]))) return r; }
+inline float f_hsum(F16 a) {
+  float s[8], t[4], u[2];
+  for (int i = 0; i < 8; ++i) s[i] = a.v[i] + a.v[i + 8];
+  for (int i = 0; i < 4; ++i) t[i] = s[i] + s[i + 4];
+  for (int i = 0; i < 2; ++i) u[i] = t[i] + t[i + 2];
+  return u[0] + u[1];
+}
+inline float f_hmax(F16 a) {
+  float m = a.v[0];
+  for (int i = 1; i < 16; ++i) m = a.v[i] > m ? a.v[i] : m;
+  return m;
+}
+
+inline I16 i_zero() { I16 r; NS_LANES(0) return r; }
+inline I16 i_set1(int32_t x) { I16 r; NS_LANES(x) return r; }
+inline I16 i_add(I16 a, I16 b) { I16 r; NS_LANES(a.v[i] + b.v[i]) return r; }
+inline I16 i_sub(I16 a, I16 b) { I16 r; NS_LANES(a.v[i] - b.v[i]) return r; }
+inline I16 i_shl(I16 a, int n) { I16 r; NS_LANES(static_cast<int32_t>(static_cast<uint32_t>(a.v[i]) << n)) return r; }
+inline int32_t i_hsum(I16 a) { int32_t s = 0; for (int i = 0; i < 16; ++i) s += a.v[i]; return s; }
+inline void i_store_i8(int8_t* p, I16 a) { for (int i = 0; i < 16; ++i) p[i] = static_cast<int8_t>(a.v[i]); }
+
+inline B64 b_load(const uint8_t* p) { B64 r; std::memcpy(r.v, p, 64); return r; }
+inline B64 b_low_nibbles(B64 a) { B64 r; for (int i = 0; i < 64; ++i) r.v[i] = a.v[i] & 0x0F; return r; }
+inline B64 b_high_nibbles(B64 a) { B64 r; for (int i = 0; i < 64; ++i) r.v[i] = a.v[i] >> 4; return r; }
+inline I16 i_dot(I16 acc, B64 w, int32_t x4) {
+  int8_t x[4];
+  std::memcpy(x, &x4, 4);
+  for (int i = 0; i < 16; ++i)
+    for (int b = 0; b < 4; ++b) acc.v[i] += static_cast<int32_t>(w.v[4 * i + b]) * x[b];
+  return acc;
+}
+inline I16 i_dot_wide(I16 acc, B64 w, int32_t x4) { return i_dot(acc, w, x4); }
+
+#undef NS_LANES
+#endif
+
+// -- built from the above, so the same everywhere ----------------------------------------
+
+// exp(x) for x <= 88 (Cephes' expf: x = n ln2 + r, a degree-6 polynomial in r, times 2^n).
+// Below -87.3 it returns ~1e-38 rather than 0: a softmax weight that small changes nothing.
+inline F16 f_exp(F16 x) {
+  x = f_min(f_max(x, f_set1(-87.33654f)), f_set1(88.0f));
+  const F16 n = f_round(f_mul(x, f_set1(1.44269504088896341f)));
+  F16 r = f_fma(n, f_set1(-0.693359375f), x);
+  r = f_fma(n, f_set1(2.12194440e-4f), r);
+  F16 y = f_set1(1.9875691500e-4f);
+  y = f_fma(y, r, f_set1(1.3981999507e-3f));
+  y = f_fma(y, r, f_set1(8.3334519073e-3f));
+  y = f_fma(y, r, f_set1(4.1665795894e-2f));
+  y = f_fma(y, r, f_set1(1.6666665459e-1f));
+  y = f_fma(y, r, f_set1(5.0000001201e-1f));
+  y = f_add(f_fma(y, f_mul(r, r), r), f_set1(1.0f));
+  const F16 scale = i_as_f(i_shl(i_add(f_to_i(n), i_set1(127)), 23));  // 2^n, n in [-126, 127]
+  return f_mul(y, scale);
+}

@@ -1,0 +1,154 @@
+"""nanoserve's CPU kernels: built here, every ISA path this CPU runs gives the same bits, and a
+machine that cannot build them gets a clear error.
+
+This is the per-ISA invariance check: it runs on whatever CPU CI has and compares each path it
+can run (portable C++, AVX2, AVX-512 VNNI) against the portable one, op by op.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from nanoserve.runtime.errors import KernelBuildError
+from nanoserve.runtime.kernels import cpu_kernels
+from nanoserve.runtime.kernels.cpu_kernels import ISAS, CpuKernels, load_cpu_kernels
+from nanoserve.runtime.model.quant_weight import Q4Levels, Q8Levels
+
+ops = torch.ops.nanoserve
+
+
+@pytest.fixture(scope="module")
+def runnable_isas() -> Iterator[list[str]]:
+    kernels = load_cpu_kernels()
+    best = CpuKernels.best_isa()
+    assert kernels.isa == best
+    yield list(ISAS[: ISAS.index(best) + 1])
+    CpuKernels.force_isa("auto")
+
+
+def on_every_isa(isas: list[str], run: Callable[[], object]) -> dict[str, object]:
+    results = {}
+    for isa in isas:
+        assert CpuKernels.force_isa(isa) == isa
+        results[isa] = run()
+    CpuKernels.force_isa("auto")
+    return results
+
+
+def assert_same_bits(results: dict[str, object]) -> None:
+    reference = results["portable"]
+    for isa, result in results.items():
+        pairs = (
+            zip(reference, result, strict=True)
+            if isinstance(result, tuple)
+            else [(reference, result)]
+        )
+        for want, got in pairs:
+            assert torch.equal(want, got), f"{isa} differs from portable"  # type: ignore[arg-type]
+
+
+def test_the_path_is_chosen_from_the_cpu(runnable_isas: list[str]) -> None:
+    assert runnable_isas[0] == "portable"
+    assert str(ops.kernel_isa()) == runnable_isas[-1]
+    with pytest.raises(RuntimeError, match="unknown kernel ISA 'sse9'"):
+        CpuKernels.force_isa("sse9")
+    if runnable_isas[-1] != "avx512-vnni":
+        with pytest.raises(RuntimeError, match="this CPU cannot run avx512-vnni"):
+            CpuKernels.force_isa("avx512-vnni")
+
+
+@pytest.mark.parametrize("rows", [1, 3, 8, 13])
+def test_linears_agree_on_every_isa(runnable_isas: list[str], rows: int) -> None:
+    g = torch.Generator().manual_seed(rows)
+    w = torch.randn(40, 96, generator=g)
+    x = torch.randn(rows, 96, generator=g) * 3
+    bias = torch.randn(40, generator=g)
+    q4, q8 = Q4Levels.quantize(w).pack(), Q8Levels.quantize(w).pack()
+    assert_same_bits(on_every_isa(runnable_isas, lambda: (q4.matmul(x, bias), q8.matmul(x))))
+
+
+def pool_and_rect(dtype: torch.dtype, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    kv = torch.randn(2, 41, 2, 32, generator=g).to(dtype)  # 40 slots and the sink
+    kv[:, 40] = float("nan")  # the sink holds anything; nothing may read it
+    rect = torch.randperm(40, generator=g)[:24].reshape(3, 8)
+    return kv, rect
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_attention_agrees_on_every_isa(runnable_isas: list[str], dtype: torch.dtype) -> None:
+    kv, rect = pool_and_rect(dtype, seed=7)
+    q = torch.randn(3, 4 * 32, generator=torch.Generator().manual_seed(8))
+    lens = torch.tensor([8, 0, 5])
+    results = on_every_isa(
+        runnable_isas, lambda: ops.paged_attention(q, kv, rect, None, lens, 0.2, 4)
+    )
+    assert_same_bits(results)
+    assert torch.equal(results["portable"][1], torch.zeros(4 * 32))  # type: ignore[index]
+
+
+def test_norms_rotary_and_silu_agree_on_every_isa(runnable_isas: list[str]) -> None:
+    g = torch.Generator().manual_seed(9)
+    x, delta, w = (
+        torch.randn(5, 64, generator=g),
+        torch.randn(5, 64, generator=g),
+        torch.randn(64, generator=g),
+    )
+    gate_up = torch.randn(5, 96, generator=g) * 4
+    qkv = torch.randn(5, (4 + 2 * 2) * 32, generator=g)
+    cos, sin = torch.randn(16, 32, generator=g), torch.randn(16, 32, generator=g)
+    positions, slots = torch.tensor([0, 3, 15, 7, 7]), torch.tensor([1, 2, 40, 4, 0])
+
+    def run() -> tuple[torch.Tensor, ...]:
+        kv = torch.zeros(2, 41, 2, 32, dtype=torch.bfloat16)
+        rotated, residual = qkv.clone(), x.clone()
+        ops.rope_write_kv(rotated, positions, cos, sin, kv, slots, 4)
+        normed = ops.add_rms_norm(residual, delta, w, 1e-5)
+        return (
+            ops.rms_norm(x, w, 1e-5),
+            normed,
+            residual,
+            ops.silu_mul(gate_up),
+            rotated,
+            kv.float(),
+        )
+
+    assert_same_bits(on_every_isa(runnable_isas, run))
+
+
+def test_a_bad_slot_is_refused_not_read() -> None:
+    kv, rect = pool_and_rect(torch.float32, seed=1)
+    rect = rect.clone()
+    rect[0, 2] = 41  # one past the sink
+    q = torch.zeros(3, 4 * 32)
+    with pytest.raises(RuntimeError, match="outside the K/V pool of 41 slots"):
+        ops.paged_attention(q, kv, rect, None, torch.tensor([8, 1, 1]), 0.2, 4)
+    qkv = torch.zeros(1, 8 * 32)
+    with pytest.raises(RuntimeError, match="write slot is outside the K/V pool"):
+        ops.rope_write_kv(
+            qkv, torch.tensor([0]), torch.ones(4, 32), torch.ones(4, 32), kv, torch.tensor([-1]), 4
+        )
+
+
+def test_a_machine_without_a_compiler_gets_one_clear_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("NANOSERVE_KERNEL_CACHE", str(tmp_path))
+    monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
+    with pytest.raises(KernelBuildError, match=r"need a C\+\+ compiler; .*no-such-compiler"):
+        cpu_kernels.build()
+
+
+def test_a_compile_error_names_itself(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    broken = tmp_path / "cxx"
+    broken.write_text("#!/bin/sh\necho 'x.cpp:1:1: error: no such thing' >&2\nexit 1\n")
+    broken.chmod(0o755)
+    monkeypatch.setenv("NANOSERVE_KERNEL_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("CXX", str(broken))
+    with pytest.raises(KernelBuildError, match=r"failed: x\.cpp:1:1: error: no such thing"):
+        cpu_kernels.build()
+    assert not list((tmp_path / "cache").rglob("*.so"))  # nothing half-built is left to load
