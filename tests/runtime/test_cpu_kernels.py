@@ -152,3 +152,18 @@ def test_a_compile_error_names_itself(tmp_path: Path, monkeypatch: pytest.Monkey
     with pytest.raises(KernelBuildError, match=r"failed: x\.cpp:1:1: error: no such thing"):
         cpu_kernels.build()
     assert not list((tmp_path / "cache").rglob("*.so"))  # nothing half-built is left to load
+
+
+@pytest.mark.parametrize("width", [1, 5, 16, 17, 4099])
+def test_argmax_is_torchs_first_maximum_on_every_isa(runnable_isas: list[str], width: int) -> None:
+    g = torch.Generator().manual_seed(width)
+    x = torch.randn(7, width, generator=g)
+    x[1] = 2.0  # ties everywhere: the first wins
+    x[2, width // 2] = 1e30
+    x[3, -1] = float("inf")
+    x[4, width // 3] = float("nan")  # torch: the first NaN
+    x[4, -1] = float("nan")
+    x[5, -1] = float("-inf")
+    results = on_every_isa(runnable_isas, lambda: ops.argmax(x))
+    for isa, picked in results.items():
+        assert torch.equal(picked, x.argmax(-1)), isa

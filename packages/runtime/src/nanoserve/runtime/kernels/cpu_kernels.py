@@ -6,6 +6,9 @@ their text, the compiler, the flags and torch's version, so a later boot only lo
 x86 CPU: each ISA's kernels are compiled in a file of their own (`isa_avx512.cpp`,
 `isa_avx2.cpp`, `isa_portable.cpp`) and the library picks the best the CPU runs when it loads,
 as llama.cpp does. The ops are `torch.ops.nanoserve.*`.
+
+$NANOSERVE_KERNEL_ISA (portable, avx2 or avx512-vnni) pins a lesser path at load, to measure
+here what another machine's path does; the paths compute the same bits.
 """
 
 from __future__ import annotations
@@ -84,8 +87,20 @@ def load_cpu_kernels() -> CpuKernels:
         if _loaded is None:
             library = build()
             torch.ops.load_library(str(library))
+            pinned = os.environ.get("NANOSERVE_KERNEL_ISA")
+            if pinned:
+                try:
+                    CpuKernels.force_isa(pinned)
+                except RuntimeError as error:
+                    message = str(error).splitlines()[0]
+                    raise KernelBuildError(f"NANOSERVE_KERNEL_ISA={pinned}: {message}") from None
             _loaded = CpuKernels(isa=str(torch.ops.nanoserve.kernel_isa()), library=library)
         return _loaded
+
+
+def kernels_loaded() -> bool:
+    """Whether the ops are registered in this process (without building or loading them)."""
+    return _loaded is not None
 
 
 def kernels_available() -> bool:

@@ -72,7 +72,8 @@ struct KernelTable {
   // output feature blocks [b0, b1) of x @ w.T for every row.
   void (*q4_linear)(const LinearArgs& a, int64_t b0, int64_t b1);
   void (*q8_linear)(const LinearArgs& a, int64_t b0, int64_t b1);
-  // tasks [t0, t1) of tokens x kv_heads; scratch holds heads / kv_heads * (width + 16) floats;
+  // tasks [t0, t1) of tokens x kv_heads; scratch holds heads / kv_heads * (width + 16) +
+  // 16 * head_dim floats;
   // false on a slot outside the pool.
   bool (*attention)(const AttentionArgs& a, int64_t t0, int64_t t1, float* scratch);
   // tokens [t0, t1): rotary on q and k in place, K and V into the pool; false on a bad slot.
@@ -82,6 +83,8 @@ struct KernelTable {
                    int64_t r0, int64_t r1);
   // rows [r0, r1): out[:, i] = silu(gate_up[:, i]) * gate_up[:, half + i].
   void (*silu_mul)(const float* gate_up, float* out, int64_t half, int64_t r0, int64_t r1);
+  // rows [r0, r1) of [rows, k]: the index of each row's first maximum.
+  void (*argmax)(const float* x, int64_t k, int64_t* out, int64_t r0, int64_t r1);
   int64_t row_tile;  // rows a linear reads one weight group for (register blocking)
 };
 

@@ -161,9 +161,11 @@ inline F16 load_kv(const void* base, int64_t at) {
 
 // One (token, kv head): its query heads over the token's visible slots, read in place.
 // C is head_dim / 16 when known at compile time (the accumulators then live in registers),
-// else 0.
+// else 0. K is converted once per block of 16 positions into `kbuf`, and the block's 16 scores
+// of a head are reduced together (f_hsum16: the same tree as f_hsum); each V row is read once
+// for up to 4 query heads. Scratch: group * (n + 16) scores, then 16 * head_dim for kbuf.
 template <int C, bool BF16>
-bool attend(const AttentionArgs& a, int64_t token, int64_t kv_head, float* scores) {
+bool attend(const AttentionArgs& a, int64_t token, int64_t kv_head, float* scratch) {
   const int64_t group = a.heads / a.kv_heads, dim = a.head_dim;
   const int64_t chunks = C ? C : dim / 16;
   const int64_t n = a.context_lens[token];
@@ -177,21 +179,36 @@ bool attend(const AttentionArgs& a, int64_t token, int64_t kv_head, float* score
   for (int64_t p = 0; p < n; ++p)  // a slot outside the pool is refused, never read
     if (static_cast<uint64_t>(slots[p]) >= static_cast<uint64_t>(a.num_slots)) return false;
   const int64_t padded = (n + 15) / 16 * 16;
-  for (int64_t h = 0; h < group; ++h) {
-    const float* q = a.q + token * a.q_stride + (kv_head * group + h) * dim;
-    float* s = scores + h * padded;
-    F16 qv[C ? C : 16];
-    for (int64_t c = 0; c < chunks; ++c) qv[c] = f_load(q + 16 * c);
-    // Scores in position order, each a 16-lane dot reduced by the tree.
-    float top = -INFINITY;
-    for (int64_t p = 0; p < n; ++p) {
-      const int64_t at = slots[p] * slot_stride + head_at;
-      F16 dot = f_mul(qv[0], load_kv<BF16>(a.k, at));
-      for (int64_t c = 1; c < chunks; ++c) dot = f_fma(qv[c], load_kv<BF16>(a.k, at + 16 * c), dot);
-      s[p] = f_hsum(dot) * a.scale;
-      top = s[p] > top ? s[p] : top;
+  float* kbuf = scratch + group * padded;  // [16, dim]
+  const float* q0 = a.q + token * a.q_stride + kv_head * group * dim;
+
+  // Scores, 16 positions at a time (positions past n read a visible slot and are dropped).
+  for (int64_t p0 = 0; p0 < padded; p0 += 16) {
+    for (int64_t i = 0; i < 16; ++i) {
+      const int64_t at = slots[p0 + i < n ? p0 + i : 0] * slot_stride + head_at;
+      for (int64_t c = 0; c < chunks; ++c) f_store(kbuf + i * dim + 16 * c, load_kv<BF16>(a.k, at + 16 * c));
     }
-    // exp(s - max), 16 positions at a time; positions past n weigh exactly 0.
+    for (int64_t h = 0; h < group; ++h) {
+      const float* q = q0 + h * dim;
+      F16 qv[C ? C : 16], dots[16];
+      for (int64_t c = 0; c < chunks; ++c) qv[c] = f_load(q + 16 * c);
+      for (int64_t i = 0; i < 16; ++i) {
+        dots[i] = f_mul(qv[0], f_load(kbuf + i * dim));
+        for (int64_t c = 1; c < chunks; ++c) dots[i] = f_fma(qv[c], f_load(kbuf + i * dim + 16 * c), dots[i]);
+      }
+      float* s = scratch + h * padded + p0;
+      f_hsum16(dots, s);
+      f_store(s, f_mul(f_load(s), f_set1(a.scale)));
+      for (int64_t i = n - p0; i < 16; ++i) s[i] = -INFINITY;  // past n: no weight, no max
+    }
+  }
+  // Per head: exp(s - max) with positions past n weighing exactly 0, and 1 / their sum.
+  float inv[8 * 16];  // group <= 128
+  for (int64_t h = 0; h < group; ++h) {
+    float* s = scratch + h * padded;
+    F16 tops = f_load(s);
+    for (int64_t p = 16; p < padded; p += 16) tops = f_max(tops, f_load(s + p));
+    const float top = f_hmax(tops);
     F16 total = f_zero();
     for (int64_t p = 0; p < padded; p += 16) {
       F16 e = f_exp(f_sub(f_load(s + p), f_set1(top)));
@@ -204,16 +221,26 @@ bool attend(const AttentionArgs& a, int64_t token, int64_t kv_head, float* score
       f_store(s + p, e);
       total = f_add(total, e);
     }
-    const F16 inv = f_set1(1.f / f_hsum(total));
-    // The weighted values, in position order.
-    F16 acc[C ? C : 16];
-    for (int64_t c = 0; c < chunks; ++c) acc[c] = f_zero();
+    inv[h] = 1.f / f_hsum(total);
+  }
+  // The weighted values in position order, each V row read once for up to 4 heads.
+  for (int64_t h0 = 0; h0 < group; h0 += 4) {
+    const int64_t heads = group - h0 < 4 ? group - h0 : 4;
+    F16 acc[4][C ? C : 16];
+    for (int64_t h = 0; h < heads; ++h)
+      for (int64_t c = 0; c < chunks; ++c) acc[h][c] = f_zero();
     for (int64_t p = 0; p < n; ++p) {
-      const F16 weight = f_set1(s[p]);
       const int64_t at = slots[p] * slot_stride + head_at;
-      for (int64_t c = 0; c < chunks; ++c) acc[c] = f_fma(weight, load_kv<BF16>(a.v, at + 16 * c), acc[c]);
+      F16 v[C ? C : 16];
+      for (int64_t c = 0; c < chunks; ++c) v[c] = load_kv<BF16>(a.v, at + 16 * c);
+      for (int64_t h = 0; h < heads; ++h) {
+        const F16 weight = f_set1(scratch[(h0 + h) * padded + p]);
+        for (int64_t c = 0; c < chunks; ++c) acc[h][c] = f_fma(weight, v[c], acc[h][c]);
+      }
     }
-    for (int64_t c = 0; c < chunks; ++c) f_store(out + h * dim + 16 * c, f_mul(acc[c], inv));
+    for (int64_t h = 0; h < heads; ++h)
+      for (int64_t c = 0; c < chunks; ++c)
+        f_store(out + (h0 + h) * dim + 16 * c, f_mul(acc[h][c], f_set1(inv[h0 + h])));
   }
   return true;
 }
@@ -311,7 +338,47 @@ void silu_mul(const float* gate_up, float* out, int64_t half, int64_t r0, int64_
   }
 }
 
+// -- greedy picking ------------------------------------------------------------------------
+
+// Per row, the index of the first maximum, and torch's rule for NaN (the first NaN wins): a
+// vector max, then the first position equal to it. v - v is NaN only for NaN and infinities,
+// so the scan for a NaN runs only on rows that may hold one.
+void argmax_rows(const float* x, int64_t k, int64_t* out, int64_t r0, int64_t r1) {
+  for (int64_t r = r0; r < r1; ++r) {
+    const float* row = x + r * k;
+    float top = row[0];
+    int64_t c = 0;
+    bool suspect = false;
+    if (k >= 16) {
+      F16 tops = f_load(row), odd = f_zero();
+      for (c = 16; c + 16 <= k; c += 16) {
+        const F16 v = f_load(row + c);
+        tops = f_max(tops, v);
+        odd = f_add(odd, f_sub(v, v));
+      }
+      top = f_hmax(tops);
+      const float first_sum = f_hsum(f_add(odd, f_sub(f_load(row), f_load(row))));
+      suspect = first_sum != first_sum;
+    }
+    for (; c < k; ++c) {
+      top = row[c] > top ? row[c] : top;
+      suspect = suspect || row[c] != row[c];
+    }
+    int64_t at = 0;
+    if (suspect || top != top) {
+      while (at < k && row[at] == row[at]) ++at;  // the first NaN, if any
+      if (at < k) {
+        out[r] = at;
+        continue;
+      }
+      at = 0;
+    }
+    while (at < k && row[at] != top) ++at;
+    out[r] = at < k ? at : 0;
+  }
+}
+
 const KernelTable table = {
     NS_ISA_NAME, quantize, q4_linear, q8_linear, attention, rope_write_kv, rms_norm, silu_mul,
-    NS_ROW_TILE,
+    argmax_rows, NS_ROW_TILE,
 };

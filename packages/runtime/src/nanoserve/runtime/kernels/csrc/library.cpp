@@ -85,12 +85,16 @@ at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& w, int64_t n,
   }
   at::Tensor out = at::empty({rows, n}, x.options());
   if (rows == 0 || n == 0) return out;
-  at::Tensor q = at::empty({rows, k}, x.options().dtype(at::kChar));
-  at::Tensor d = at::empty({rows, groups}, x.options());
-  at::Tensor s = at::empty({rows, groups}, x.options());
-  at::Tensor qsum = at::empty({rows, groups}, x.options().dtype(at::kInt));
-  const QuantizedRows xq{q.data_ptr<int8_t>(), d.data_ptr<float>(), s.data_ptr<float>(),
-                         qsum.data_ptr<int32_t>(), rows, k, groups};
+  // The quantized activations live only for this call: one buffer per calling thread, kept,
+  // instead of four tensors allocated per linear (a decode step calls ~120 linears).
+  thread_local std::vector<int32_t> scratch;
+  const int64_t words = rows * (k / 4 + 3 * groups);
+  if (static_cast<int64_t>(scratch.size()) < words) scratch.resize(words);
+  int32_t* base = scratch.data();
+  const QuantizedRows xq{reinterpret_cast<const int8_t*>(base),
+                         reinterpret_cast<const float*>(base + rows * k / 4),
+                         reinterpret_cast<const float*>(base + rows * (k / 4 + groups)),
+                         base + rows * (k / 4 + 2 * groups), rows, k, groups};
   const KernelTable* t = table();
   const float* xp = x.data_ptr<float>();
   at::parallel_for(0, rows, grain_for(k), [&](int64_t r0, int64_t r1) { t->quantize(xp, xq, r0, r1); });
@@ -119,8 +123,8 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& kv, const at::
                            const at::Tensor& context_lens, double scale, int64_t heads) {
   check_pool(kv);
   const int64_t kv_heads = kv.size(2), dim = kv.size(3), tokens = q.size(0);
-  TORCH_CHECK(heads > 0 && heads % kv_heads == 0, heads, " query heads do not group over ",
-              kv_heads, " K/V heads");
+  TORCH_CHECK(heads > 0 && heads % kv_heads == 0 && heads / kv_heads <= 128, heads,
+              " query heads do not group over ", kv_heads, " K/V heads (at most 128 each)");
   TORCH_CHECK(q.scalar_type() == at::kFloat && q.dim() == 2 && q.stride(1) == 1 &&
                   q.size(1) == heads * dim,
               "q must be float32 [tokens, ", heads * dim, "] with unit inner stride, got ",
@@ -153,7 +157,7 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& kv, const at::
   std::atomic<bool> ok{true};
   const KernelTable* t = table();
   at::parallel_for(0, tokens * kv_heads, grain_for(group * width * dim), [&](int64_t t0, int64_t t1) {
-    std::vector<float> scratch(group * (width + 16));
+    std::vector<float> scratch(group * (width + 16) + 16 * dim);
     if (!t->attention(args, t0, t1, scratch.data())) ok = false;
   });
   TORCH_CHECK(ok.load(), "a slot in the rectangle is outside the K/V pool of ", kv.size(1), " slots");
@@ -237,6 +241,18 @@ at::Tensor silu_mul(const at::Tensor& gate_up) {
   return out;
 }
 
+at::Tensor argmax(const at::Tensor& x) {
+  TORCH_CHECK(x.device().is_cpu() && x.scalar_type() == at::kFloat && x.dim() == 2 &&
+                  x.is_contiguous() && x.size(1) > 0,
+              "argmax takes a contiguous, non-empty 2-D float32 CPU tensor, got ", x.sizes());
+  at::Tensor out = at::empty({x.size(0)}, x.options().dtype(at::kLong));
+  const KernelTable* t = table();
+  at::parallel_for(0, x.size(0), grain_for(x.size(1)), [&](int64_t r0, int64_t r1) {
+    t->argmax(x.data_ptr<float>(), x.size(1), out.data_ptr<int64_t>(), r0, r1);
+  });
+  return out;
+}
+
 // -- the ISA ---------------------------------------------------------------------------------
 
 std::string kernel_isa() { return table()->name; }
@@ -269,6 +285,7 @@ TORCH_LIBRARY(nanoserve, m) {
   m.def("rms_norm(Tensor x, Tensor w, float eps) -> Tensor");
   m.def("add_rms_norm(Tensor(a!) x, Tensor delta, Tensor w, float eps) -> Tensor");
   m.def("silu_mul(Tensor gate_up) -> Tensor");
+  m.def("argmax(Tensor x) -> Tensor");
   m.def("kernel_isa() -> str", nanoserve::kernel_isa);
   m.def("best_isa() -> str", nanoserve::best_isa);
   m.def("force_isa(str name) -> str", nanoserve::force_isa);
@@ -282,4 +299,5 @@ TORCH_LIBRARY_IMPL(nanoserve, CPU, m) {
   m.impl("rms_norm", nanoserve::rms_norm);
   m.impl("add_rms_norm", nanoserve::add_rms_norm);
   m.impl("silu_mul", nanoserve::silu_mul);
+  m.impl("argmax", nanoserve::argmax);
 }

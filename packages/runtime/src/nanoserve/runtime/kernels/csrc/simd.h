@@ -69,6 +69,26 @@ inline float f_hmax(F16 a) {  // the tree, as f_hsum: a max of signed zeros depe
   return _mm_cvtss_f32(_mm_max_ss(t, _mm_movehdup_ps(t)));
 }
 
+// The 16 tree sums of v[0..16) at once, out[p] = f_hsum(v[p]) bit for bit: each step adds the
+// same lane pairs as f_hsum, for several vectors per instruction.
+inline void f_hsum16(const F16* v, float* out) {
+  __m512 r[8], c[4], d[2];
+  for (int k = 0; k < 8; ++k) {  // lanes i + i+8: [v_2k | v_2k+1], 8 lanes each
+    const __m512 x = v[2 * k].v, y = v[2 * k + 1].v;
+    r[k] = _mm512_add_ps(_mm512_shuffle_f32x4(x, y, 0x44), _mm512_shuffle_f32x4(x, y, 0xEE));
+  }
+  for (int k = 0; k < 4; ++k)  // i + i+4: quarter j holds vector 4k + j
+    c[k] = _mm512_add_ps(_mm512_shuffle_f32x4(r[2 * k], r[2 * k + 1], 0x88),
+                         _mm512_shuffle_f32x4(r[2 * k], r[2 * k + 1], 0xDD));
+  for (int k = 0; k < 2; ++k)  // i + i+2, within each quarter
+    d[k] = _mm512_add_ps(_mm512_shuffle_ps(c[2 * k], c[2 * k + 1], 0x44),
+                         _mm512_shuffle_ps(c[2 * k], c[2 * k + 1], 0xEE));
+  // 0 + 1: lane 4j + t now holds vector 4t + j; put vector p at lane p.
+  const __m512 sums = _mm512_add_ps(_mm512_shuffle_ps(d[0], d[1], 0x88), _mm512_shuffle_ps(d[0], d[1], 0xDD));
+  const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+  _mm512_storeu_ps(out, _mm512_permutexvar_ps(order, sums));
+}
+
 inline I16 i_zero() { return {_mm512_setzero_si512()}; }
 inline I16 i_set1(int32_t x) { return {_mm512_set1_epi32(x)}; }
 inline I16 i_add(I16 a, I16 b) { return {_mm512_add_epi32(a.v, b.v)}; }
@@ -151,6 +171,10 @@ inline float f_hmax(F16 a) {
   __m128 t = _mm_max_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
   t = _mm_max_ps(t, _mm_movehl_ps(t, t));
   return _mm_cvtss_f32(_mm_max_ss(t, _mm_movehdup_ps(t)));
+}
+
+inline void f_hsum16(const F16* v, float* out) {
+  for (int p = 0; p < 16; ++p) out[p] = f_hsum(v[p]);
 }
 
 inline I16 i_zero() { return {_mm256_setzero_si256(), _mm256_setzero_si256()}; }
@@ -253,6 +277,10 @@ inline float f_hmax(F16 a) {
   float m = a.v[0];
   for (int i = 1; i < 16; ++i) m = a.v[i] > m ? a.v[i] : m;
   return m;
+}
+
+inline void f_hsum16(const F16* v, float* out) {
+  for (int p = 0; p < 16; ++p) out[p] = f_hsum(v[p]);
 }
 
 inline I16 i_zero() { I16 r; NS_LANES(0) return r; }
