@@ -64,3 +64,14 @@ def test_the_environment_is_parsed_in_one_place() -> None:
     assert values_from_env({"NANOSERVE_MAX_BATCH": "8", "UNRELATED": "x"}) == {"max_batch": 8}
     with pytest.raises(EngineConfigError, match=r"^NANOSERVE_KV_BUDGET: 'lots' is not a size"):
         values_from_env({"NANOSERVE_KV_BUDGET": "lots"})
+
+
+def test_a_server_picks_its_forms_by_checkpoint_and_cpu() -> None:
+    from nanoserve.runtime.kernels.cpu_features import cpu_features
+
+    engine = settings().engine
+    assert (engine.quantize, engine.dtype) == ("auto", "auto")  # resolved at boot
+    dense = settings("--quantize", "none").engine
+    assert (dense.quantize, dense.dtype) == (None, cpu_features().auto_dtype())
+    assert settings("--quantize", "q4").engine.dtype == "bfloat16"
+    assert settings("--quantize", "q4", "--dtype", "float32").engine.dtype == "float32"

@@ -37,8 +37,16 @@ def test_two_chunks_exact() -> None:
         [12, 13, 14, 15, 0, 1, 2, 3],
     ]
     assert plan.last_token_idx.tolist() == [2, 5]
+    assert plan.token_rows.tolist() == [0, 0, 0, 1, 1, 1]  # each token's row of slot_rect
     assert plan.sink_slot == SINK
-    for name in ("input_ids", "positions", "write_slots", "context_lens", "slot_rect"):
+    for name in (
+        "input_ids",
+        "positions",
+        "write_slots",
+        "context_lens",
+        "slot_rect",
+        "token_rows",
+    ):
         assert getattr(plan, name).dtype == torch.int64
 
 

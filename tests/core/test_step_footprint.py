@@ -26,6 +26,14 @@ def test_attention_bytes_to_the_byte() -> None:
     assert TINY.attention_bytes(rows, width) == expected == 14_112
 
 
+def test_in_place_attention_holds_only_scores_and_output() -> None:
+    # nanoserve's CPU kernels read K/V in place: one float32 score per head and position (plus
+    # a 16-wide tail) and the float32 output.
+    in_place = StepFootprint(4, 2, 8, 100, pool_bytes=2, accum_bytes=4, gathers=False)
+    assert in_place.attention_bytes(2, 16) == 2 * 4 * (16 + 16) * 4 + 2 * 4 * 8 * 4 == 1_280
+    assert in_place.peak_bytes(2, 16) == in_place.logits_bytes(2) == 1_600
+
+
 def test_no_conversion_when_the_pool_is_in_the_accumulation_dtype() -> None:
     same = StepFootprint(4, 2, 8, 100, pool_bytes=2, accum_bytes=2)
     kv = 1 * 2 * 10 * 8

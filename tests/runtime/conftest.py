@@ -344,8 +344,8 @@ def tiny_engine_builder(
     """`build(*, num_blocks=None, **config) -> Engine` over the tiny Llama, with no teardown check.
 
     Defaults: block_size 4, max_model_len 128, max_batch 16, fp32, batch_invariant, 256 blocks.
-    `num_blocks` sizes `kv_budget_bytes` to exactly that many blocks; `quantize="q4"` runs it
-    on nanoserve's CPU kernels. Prefer `make_tiny_engine`.
+    `num_blocks` sizes `kv_budget_bytes` to exactly that many blocks; `dtype=torch.bfloat16`
+    and `quantize="q4"` (nanoserve's CPU kernels) change the forms. Prefer `make_tiny_engine`.
     """
     from nanoserve.runtime.engine.engine import Engine
     from nanoserve.runtime.engine_config import EngineConfig
@@ -355,18 +355,21 @@ def tiny_engine_builder(
     ck = tiny_llama_checkpoint
     template = ChatTemplate.from_checkpoint(ck)
 
-    def build(*, num_blocks: int | None = None, **overrides: Any) -> Engine:
+    def build(
+        *, num_blocks: int | None = None, dtype: torch.dtype = torch.float32, **overrides: Any
+    ) -> Engine:
         config = {"block_size": 4, "max_model_len": 128, "max_batch": 16, **overrides}
         if num_blocks is None and "kv_budget_bytes" not in overrides:
             num_blocks = 256  # not the 1 GiB default: zeroing it costs seconds per engine
         if num_blocks is not None:
-            # 2 (K and V) x layers x KV heads x head dim x 4 bytes, per slot; one more slot: the sink.
-            per_slot = 2 * ck.config.num_layers * ck.config.num_kv_heads * ck.config.head_dim * 4
+            # 2 (K and V) x layers x KV heads x head dim x bytes, per slot; one more: the sink.
+            per_slot = 2 * ck.config.num_layers * ck.config.num_kv_heads * ck.config.head_dim
+            per_slot *= dtype.itemsize
             config["kv_budget_bytes"] = per_slot * (num_blocks * config["block_size"] + 1)
         model = LlamaModel.from_tensors(
             ck.config,
             tiny_llama_weights.items(),
-            dtype=torch.float32,
+            dtype=dtype,
             batch_invariant=True,
             max_positions=config["max_model_len"],
             quantize=config.get("quantize"),

@@ -133,3 +133,73 @@ def test_warm_seconds_default_by_device_and_refusals() -> None:
     for bad in (0, -1.0, float("nan"), float("inf"), True, "30"):
         with pytest.raises(EngineConfigError, match=r"^warm_seconds must be a positive number"):
             EngineConfig(warm_seconds=bad)  # type: ignore[arg-type]
+
+
+# -- quantize "auto": a GGUF's own block form on the CPU kernels ---------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny_gguf(tmp_path_factory: pytest.TempPathFactory, tiny_llama_dir: Path, write_tiny_gguf):
+    from gguf import GGMLQuantizationType as Q
+
+    folder = tmp_path_factory.mktemp("gguf")
+    return {
+        kind: write_tiny_gguf(tiny_llama_dir, folder / f"tiny-{kind}.gguf", qtype=getattr(Q, kind))
+        for kind in ("Q4_1", "Q8_0", "F16")
+    }
+
+
+@pytest.mark.parametrize(
+    ("kind", "quantize", "dtype", "kernels"),
+    [
+        ("Q4_1", "q4", "bfloat16", "q4+q8 nanoserve/"),
+        ("Q8_0", "q8", "bfloat16", "q8+q8 nanoserve/"),
+        ("F16", None, None, "torch/"),
+    ],
+)
+def test_quantize_auto_serves_the_gguf_s_own_form(
+    tiny_gguf: dict[str, Path],
+    kind: str,
+    quantize: str | None,
+    dtype: str | None,
+    kernels: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from nanoserve.runtime.kernels.cpu_features import cpu_features
+    from nanoserve.runtime.kernels.cpu_kernels import load_cpu_kernels
+
+    load_cpu_kernels()  # built (or found) where every test finds them, before the cache moves
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # the F16 file's conversion lands here
+
+    engine, lines = boot(tiny_gguf[kind], quantize="auto", dtype="auto")
+    config = engine.config  # type: ignore[attr-defined]
+    assert config.quantize == quantize
+    assert config.dtype == (dtype or cpu_features().auto_dtype())  # dense: bf16 only if native
+    assert f"kernels={engine.runner.model.kernels}" in lines[-1]  # type: ignore[attr-defined]
+    assert kernels in lines[-1]
+    loaded = [line for line in lines if line.startswith("loading ")]
+    assert loaded[-1].endswith(".gguf") if quantize else "/gguf-" in loaded[-1]  # or its conversion
+
+
+def test_quantize_auto_on_a_float_checkpoint_is_the_dtype(tiny_llama_dir: Path) -> None:
+    engine, _ = boot(tiny_llama_dir, quantize="auto", dtype="float32")
+    assert engine.config.quantize is None  # type: ignore[attr-defined]
+    assert engine.runner.model.ops.name == "torch"  # type: ignore[attr-defined]
+
+
+def test_quantize_auto_without_kernels_says_so_and_serves_dequantized(
+    tiny_gguf: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from nanoserve.runtime.engine import build
+
+    monkeypatch.setattr(build, "kernels_available", lambda: False)
+    engine, lines = boot(tiny_gguf["Q4_1"], quantize="auto", dtype="float32")
+    assert engine.config.quantize is None  # type: ignore[attr-defined]
+    assert any("cannot be built here, so q4 is served dequantized" in line for line in lines)
+
+
+def test_explicit_q4_on_a_float_checkpoint_quantizes_it(tiny_llama_dir: Path) -> None:
+    engine, lines = boot(tiny_llama_dir, quantize="q4", dtype="auto")
+    assert engine.config.dtype == "bfloat16"  # type: ignore[attr-defined]
+    assert "dtype=bfloat16+q4" in lines[-1]

@@ -1,5 +1,5 @@
-"""Engine: continuous batching end to end on the tiny Llama (fp32, batch-invariant), on both
-kernel sets: torch's (the exact float32 mode) and nanoserve's CPU kernels (q4 weights).
+"""Engine: continuous batching end to end on the tiny Llama (batch-invariant), in three forms:
+torch's kernels in float32 (the exact mode) and bf16, and nanoserve's CPU kernels (q4 weights).
 
 The reference for every greedy comparison is each request run alone on a fresh engine. A
 request's tokens must not change when it shares its steps with 15 others that join and leave,
@@ -126,19 +126,31 @@ def drain(engine: Engine, max_steps: int = 2000) -> list[Delta]:
     raise AssertionError(f"still unfinished after {max_steps} steps")
 
 
-@pytest.fixture(scope="module", params=[None, "q4"], ids=["torch", "q4-kernels"])
-def quantize(request: pytest.FixtureRequest) -> str | None:
-    return request.param
+FORMS = {
+    "torch-fp32": {"dtype": torch.float32, "quantize": None},
+    "torch-bf16": {"dtype": torch.bfloat16, "quantize": None},
+    "q4-kernels": {"dtype": torch.bfloat16, "quantize": "q4"},
+}
+
+
+@pytest.fixture(scope="module", params=list(FORMS))
+def form(request: pytest.FixtureRequest) -> dict[str, object]:
+    return FORMS[request.param]
 
 
 @pytest.fixture(scope="module")
-def tiny_engine_builder(tiny_engine_builder, quantize) -> Callable[..., Engine]:
-    return lambda **config: tiny_engine_builder(**{"quantize": quantize, **config})
+def quantize(form: dict[str, object]) -> object:
+    return form["quantize"]
+
+
+@pytest.fixture(scope="module")
+def tiny_engine_builder(tiny_engine_builder, form) -> Callable[..., Engine]:
+    return lambda **config: tiny_engine_builder(**{**form, **config})
 
 
 @pytest.fixture
-def make_tiny_engine(make_tiny_engine, quantize) -> Callable[..., Engine]:
-    return lambda **config: make_tiny_engine(**{"quantize": quantize, **config})
+def make_tiny_engine(make_tiny_engine, form) -> Callable[..., Engine]:
+    return lambda **config: make_tiny_engine(**{**form, **config})
 
 
 @pytest.fixture(scope="module")

@@ -68,7 +68,9 @@ def build_engine(
     checkpoint = load_checkpoint(path)
     config = choose_weight_forms(config, checkpoint, say)
     if not kept_blocks(config.quantize) and checkpoint.format == "gguf":
-        checkpoint = load_checkpoint(resolve_model_path(config.model))  # its float conversion
+        path = resolve_model_path(config.model)  # its float conversion, made once and cached
+        say(f"loading {path}")
+        checkpoint = load_checkpoint(path)
     config = config.resolved(checkpoint.config.max_position_embeddings)
     model = LlamaModel.from_checkpoint(
         checkpoint,

@@ -70,8 +70,10 @@ def compiler() -> str:
 
 
 def cache_dir() -> Path:
-    """Where builds live: $NANOSERVE_KERNEL_CACHE, else ~/.cache/nanoserve/kernels."""
-    root = os.environ.get("NANOSERVE_KERNEL_CACHE") or Path.home() / ".cache/nanoserve/kernels"
+    """Where builds live: $NANOSERVE_KERNEL_CACHE, else $XDG_CACHE_HOME/nanoserve/kernels
+    (~/.cache/nanoserve/kernels), beside the GGUF conversions."""
+    xdg = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    root = os.environ.get("NANOSERVE_KERNEL_CACHE") or Path(xdg) / "nanoserve" / "kernels"
     digest = hashlib.sha256()
     for path in sorted(CSRC.iterdir()):
         digest.update(path.name.encode() + path.read_bytes())

@@ -39,25 +39,25 @@ from nanoserve.runtime.model.weight_forms import (
 )
 
 # MKL's fp32 GEMM picks its kernel by the number of rows, and which counts share a kernel
-# differs per CPU (Zen 3/4: 1, 2-3, multiples of 4; an Intel AMX Xeon: 1, 2-15, 16 and up).
-# At one fixed count a row's result ignores the other rows and its position among them on
-# every CPU measured, so the batch-invariant float32 path calls MKL on tiles of exactly 4.
+# differs per CPU (Zen 3/4: 1, 2-3, multiples of 4; an Intel AMX Xeon: 1, 2-15, 16 and up);
+# oneDNN's bf16 GEMM on that Xeon changes kernel past 32 rows. At one fixed count a row's
+# result ignores the other rows and its position among them on every CPU measured, so the
+# batch-invariant torch path calls its GEMMs on tiles of exactly 4 rows, in every dtype.
 INVARIANT_ROW_TILE = 4
 
 
 def attention_dtype(
     dtype: torch.dtype, batch_invariant: bool, device: torch.device | str = "cpu"
 ) -> torch.dtype:
-    """What torch's attention matmuls run in. bf16/fp16 models: their own dtype. fp32 models on
-    a CPU: float64 when invariance is asked for (padding width and kernel shape then leave no
-    trace once rounded back), else float32. On CUDA always the model's dtype (float32 for
-    fp32): float64 and row padding are recipes measured against MKL and oneDNN, not cuBLAS,
-    and float64 is slow there; see `invariance`. (nanoserve's CPU kernels accumulate in
-    float32 in a fixed order, and need neither.)"""
-    if dtype in (torch.bfloat16, torch.float16):
-        return dtype
+    """What torch's attention matmuls run in. On a CPU with invariance asked for: float64,
+    whatever the model's dtype (padding width and kernel shape then leave no trace once rounded
+    back; bf16's own oneDNN kernels were invariant on a Zen 4 but not on an Intel AMX Xeon).
+    Otherwise the model's dtype (float32 for fp32). On CUDA always the model's dtype: float64
+    and row tiles are recipes measured against MKL and oneDNN, not cuBLAS, and float64 is slow
+    there; see `invariance`. (nanoserve's CPU kernels accumulate in float32 in one fixed order,
+    and need neither.)"""
     cpu = torch.device(device).type == "cpu"
-    return torch.float64 if batch_invariant and cpu else torch.float32
+    return torch.float64 if batch_invariant and cpu else dtype
 
 
 def invariance(
@@ -232,7 +232,7 @@ class LlamaModel:
             return w.matmul(x, b)  # float32 in, float32 out
         if isinstance(w, Int8Weight):
             return w.matmul(x, b)
-        if self.batch_invariant and x.dtype == torch.float32 and x.device.type == "cpu":
+        if self.batch_invariant and x.device.type == "cpu":
             return _tiled_linear(x, w, b)
         return F.linear(x, w, b)
 

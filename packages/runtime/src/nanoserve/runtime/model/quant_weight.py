@@ -175,8 +175,10 @@ class Q8Levels:
 
 
 @dataclass(frozen=True, slots=True)
-class Q4Weight:
-    packed: torch.Tensor  # [blocks * groups * 320] uint8, the kernel's layout
+class PackedWeight:
+    """A linear's levels in the kernels' layout (csrc/kernel_table.h) and its logical shape."""
+
+    packed: torch.Tensor  # [blocks * groups * group bytes] uint8
     out_features: int
     in_features: int
 
@@ -184,10 +186,24 @@ class Q4Weight:
     def shape(self) -> torch.Size:
         return torch.Size((self.out_features, self.in_features))
 
+    def _groups(self, group_bytes: int) -> torch.Tensor:
+        """[blocks, groups, group bytes], the packed bytes by block and group."""
+        blocks, groups = _blocks(self.out_features), self.in_features // GROUP
+        return self.packed.view(blocks, groups, group_bytes)
+
+    def levels(self) -> Q4Levels | Q8Levels:
+        raise NotImplementedError
+
+    def dequantize(self) -> torch.Tensor:
+        return self.levels().dequantize()
+
+
+@dataclass(frozen=True, slots=True)
+class Q4Weight(PackedWeight):
     def levels(self) -> Q4Levels:
         """The packed bytes read back (the inverse of Q4Levels.pack)."""
-        blocks, groups = _blocks(self.out_features), self.in_features // GROUP
-        p = self.packed.view(blocks, groups, Q4_GROUP_BYTES)
+        p = self._groups(Q4_GROUP_BYTES)
+        blocks, groups, _ = p.shape
         levels = p[..., :256].reshape(blocks, groups, 4, FEATURE_BLOCK, 4)
         q = torch.stack(
             (levels & 15, levels >> 4), dim=3
@@ -198,34 +214,20 @@ class Q4Weight:
             q[:n].contiguous(), _unpack_fp16(p[..., 256:288], n), _unpack_fp16(p[..., 288:], n)
         )
 
-    def dequantize(self) -> torch.Tensor:
-        return self.levels().dequantize()
-
     def matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         """x [rows, in] float32 @ w.T (+ bias float32) -> [rows, out] float32."""
         return torch.ops.nanoserve.q4_linear(x, self.packed, self.out_features, bias)
 
 
 @dataclass(frozen=True, slots=True)
-class Q8Weight:
-    packed: torch.Tensor  # [blocks * groups * 544] uint8, the kernel's layout
-    out_features: int
-    in_features: int
-
-    @property
-    def shape(self) -> torch.Size:
-        return torch.Size((self.out_features, self.in_features))
-
+class Q8Weight(PackedWeight):
     def levels(self) -> Q8Levels:
-        blocks, groups = _blocks(self.out_features), self.in_features // GROUP
-        p = self.packed.view(blocks, groups, Q8_GROUP_BYTES)
+        p = self._groups(Q8_GROUP_BYTES)
+        blocks, groups, _ = p.shape
         u = p[..., :512].reshape(blocks, groups, 8, FEATURE_BLOCK, 4).permute(0, 3, 1, 2, 4)
         q = (u.reshape(-1, self.in_features).to(torch.int16) - 128).to(torch.int8)
         n = self.out_features
         return Q8Levels(q[:n].contiguous(), _unpack_fp16(p[..., 512:], n))
-
-    def dequantize(self) -> torch.Tensor:
-        return self.levels().dequantize()
 
     def matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         """x [rows, in] float32 @ w.T (+ bias float32) -> [rows, out] float32."""

@@ -12,7 +12,7 @@
 #pragma GCC target("avx2,fma,f16c,bmi,bmi2")
 namespace nanoserve::avx2 {
 #define NS_AVX2 1
-#define NS_ROW_TILE 2
+#define NS_ROW_TILE 4
 #define NS_ISA_NAME "avx2"
 #include "simd.h"
 #include "kernels.h"

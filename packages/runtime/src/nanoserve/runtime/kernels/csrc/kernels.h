@@ -78,22 +78,22 @@ void q4_rows(const LinearArgs& a, int64_t r0, int64_t block) {
   for (int r = 0; r < R; ++r) acc[r] = f_zero();
   for (int64_t g = 0; g < x.groups; ++g, w += kQ4GroupBytes) {
     prefetch_group(w, kQ4GroupBytes);
-    I16 dot_lo[R], dot_hi[R];
-    for (int r = 0; r < R; ++r) dot_lo[r] = i_zero(), dot_hi[r] = i_zero();
+    W16 dot_lo[R], dot_hi[R];
+    for (int r = 0; r < R; ++r) dot_lo[r] = w_zero(), dot_hi[r] = w_zero();
     for (int c = 0; c < 4; ++c) {
       const B64 packed = b_load(w + 64 * c);
       const B64 lo = b_low_nibbles(packed), hi = b_high_nibbles(packed);  // inputs 8c.., 8c+4..
       for (int r = 0; r < R; ++r) {
         const int8_t* xq = x.q + (r0 + r) * x.k + g * kGroup + 8 * c;
-        dot_lo[r] = i_dot(dot_lo[r], lo, load_x4(xq));
-        dot_hi[r] = i_dot(dot_hi[r], hi, load_x4(xq + 4));
+        dot_lo[r] = w_dot(dot_lo[r], lo, load_x4(xq));
+        dot_hi[r] = w_dot(dot_hi[r], hi, load_x4(xq + 4));
       }
     }
     const F16 dw = f_load_f16(reinterpret_cast<const uint16_t*>(w + 256));
     const F16 mw = f_load_f16(reinterpret_cast<const uint16_t*>(w + 288));
     for (int r = 0; r < R; ++r) {
       const int64_t at = (r0 + r) * x.groups + g;
-      acc[r] = f_fma(i_to_f(i_add(dot_lo[r], dot_hi[r])), f_mul(dw, f_set1(x.d[at])), acc[r]);
+      acc[r] = f_fma(i_to_f(i_add(w_sum(dot_lo[r]), w_sum(dot_hi[r]))), f_mul(dw, f_set1(x.d[at])), acc[r]);
       acc[r] = f_fma(mw, f_set1(x.s[at]), acc[r]);
     }
   }
@@ -114,15 +114,17 @@ void q8_rows(const LinearArgs& a, int64_t r0, int64_t block) {
       const B64 even = b_load(w + 64 * j), odd = b_load(w + 64 * (j + 1));
       for (int r = 0; r < R; ++r) {
         const int8_t* xq = x.q + (r0 + r) * x.k + g * kGroup + 4 * j;
-        dot_even[r] = i_dot_wide(dot_even[r], even, load_x4(xq));
-        dot_odd[r] = i_dot_wide(dot_odd[r], odd, load_x4(xq + 4));
+        dot_even[r] = i_dot_q8(dot_even[r], even, load_x4(xq));
+        dot_odd[r] = i_dot_q8(dot_odd[r], odd, load_x4(xq + 4));
       }
     }
     const F16 dw = f_load_f16(reinterpret_cast<const uint16_t*>(w + 512));
     for (int r = 0; r < R; ++r) {
       const int64_t at = (r0 + r) * x.groups + g;
-      // The weights are stored as w + 128: take 128 * sum(x) back out, exactly.
-      const I16 exact = i_sub(i_add(dot_even[r], dot_odd[r]), i_set1(128 * x.qsum[at]));
+      // The weights are stored as w + 128: take 128 * sum(x) back out, exactly, where the
+      // ISA's dot product summed u * x rather than w * x.
+      I16 exact = i_add(dot_even[r], dot_odd[r]);
+      if constexpr (kQ8DotHasOffset) exact = i_sub(exact, i_set1(128 * x.qsum[at]));
       acc[r] = f_fma(i_to_f(exact), f_mul(dw, f_set1(x.d[at])), acc[r]);
     }
   }

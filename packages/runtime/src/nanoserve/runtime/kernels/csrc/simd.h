@@ -108,8 +108,16 @@ inline B64 b_high_nibbles(B64 a) {
 inline I16 i_dot(I16 acc, B64 w, int32_t x4) {
   return {_mm512_dpbusd_epi32(acc.v, w.v, _mm512_set1_epi32(x4))};
 }
-// The same for w up to 255 (the unsigned form of int8 weights): dpbusd does not saturate.
-inline I16 i_dot_wide(I16 acc, B64 w, int32_t x4) { return i_dot(acc, w, x4); }
+// q8 weights are stored as u = w + 128. i_dot_q8 adds sum u * x (dpbusd does not saturate);
+// the caller takes 128 * sum(x) back out (kQ8DotHasOffset).
+constexpr bool kQ8DotHasOffset = true;
+inline I16 i_dot_q8(I16 acc, B64 u, int32_t x4) { return i_dot(acc, u, x4); }
+// A group's 4-bit dot products: W16 accumulates at most 4 i_dot calls of w <= 15 and |x| <=
+// 127 (AVX2 keeps them in int16 lanes, below 15,240); w_sum widens to 16 int32 lanes.
+using W16 = I16;
+inline W16 w_zero() { return i_zero(); }
+inline W16 w_dot(W16 acc, B64 w, int32_t x4) { return i_dot(acc, w, x4); }
+inline I16 w_sum(W16 a) { return a; }
 
 // -- AVX2 (with FMA and F16C): each 16-lane vector is two 8-lane halves -------------------
 #elif defined(NS_AVX2)
@@ -215,10 +223,29 @@ inline I16 i_dot(I16 acc, B64 w, int32_t x4) {
   const __m256i x = _mm256_set1_epi32(x4);
   return {dot8(acc.lo, w.lo, x), dot8(acc.hi, w.hi, x)};
 }
-// w up to 255 would saturate maddubs, so it is split into nibbles: w = 16 h + l.
-inline I16 i_dot_wide(I16 acc, B64 w, int32_t x4) {
-  const I16 high = i_dot(i_zero(), b_high_nibbles(w), x4);
-  return i_dot(i_add(acc, i_shl(high, 4)), b_low_nibbles(w), x4);
+// u = w + 128 would saturate maddubs; |w| (<= 128) times sign(x, w) (|x| <= 127) does not:
+// a pair is at most 32,512. So i_dot_q8 adds sum w * x itself, and no offset is taken out.
+constexpr bool kQ8DotHasOffset = false;
+inline __m256i q8_dot8(__m256i acc, __m256i u, __m256i x) {
+  const __m256i w = _mm256_xor_si256(u, _mm256_set1_epi8(static_cast<char>(0x80)));  // u - 128
+  const __m256i pairs = _mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(x, w));
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
+}
+inline I16 i_dot_q8(I16 acc, B64 u, int32_t x4) {
+  const __m256i x = _mm256_set1_epi32(x4);
+  return {q8_dot8(acc.lo, u.lo, x), q8_dot8(acc.hi, u.hi, x)};
+}
+// 16 int16 lanes per half (each feature's pair sums); widened once per group, not per call.
+struct W16 { __m256i lo, hi; };
+inline W16 w_zero() { return {_mm256_setzero_si256(), _mm256_setzero_si256()}; }
+inline W16 w_dot(W16 acc, B64 w, int32_t x4) {
+  const __m256i x = _mm256_set1_epi32(x4);
+  return {_mm256_add_epi16(acc.lo, _mm256_maddubs_epi16(w.lo, x)),
+          _mm256_add_epi16(acc.hi, _mm256_maddubs_epi16(w.hi, x))};
+}
+inline I16 w_sum(W16 a) {
+  const __m256i ones = _mm256_set1_epi16(1);
+  return {_mm256_madd_epi16(a.lo, ones), _mm256_madd_epi16(a.hi, ones)};
 }
 
 // -- plain C++: the same operations one lane at a time -----------------------------------
@@ -301,7 +328,12 @@ inline I16 i_dot(I16 acc, B64 w, int32_t x4) {
     for (int b = 0; b < 4; ++b) acc.v[i] += static_cast<int32_t>(w.v[4 * i + b]) * x[b];
   return acc;
 }
-inline I16 i_dot_wide(I16 acc, B64 w, int32_t x4) { return i_dot(acc, w, x4); }
+constexpr bool kQ8DotHasOffset = true;
+inline I16 i_dot_q8(I16 acc, B64 u, int32_t x4) { return i_dot(acc, u, x4); }
+using W16 = I16;
+inline W16 w_zero() { return i_zero(); }
+inline W16 w_dot(W16 acc, B64 w, int32_t x4) { return i_dot(acc, w, x4); }
+inline I16 w_sum(W16 a) { return a; }
 
 #undef NS_LANES
 #endif
