@@ -75,7 +75,9 @@ async def level(
     rng = random.Random(seed)
     prompts = [[rng.randrange(17, 48000) for _ in range(prompt_len)] for _ in range(requests)]
     gate = asyncio.Semaphore(concurrency)
-    limits = httpx.Limits(max_connections=concurrency + 4)
+    # No keep-alive: llama-server (cpp-httplib) closes a connection after a few requests, and a
+    # request sent on one it is closing fails. A loopback connect per request costs ~0.1 ms.
+    limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=0)
     async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as client:
 
         async def bounded(prompt: list[int]) -> tuple[float, list[float], int]:

@@ -129,3 +129,22 @@ def test_generate(run_cli: Callable[..., subprocess.CompletedProcess[str]]) -> N
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip(), result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_kernels_that_cannot_be_built_are_one_line(
+    run_cli: Callable[..., subprocess.CompletedProcess[str]],
+    clean_env: Callable[..., dict[str, str]],
+    tmp_path: Path,
+) -> None:
+    """An explicit q4 on a machine without a compiler: the reason, one line, exit non-zero;
+    `--quantize auto` on the same machine says so and answers from dequantized weights."""
+    env = clean_env(NANOSERVE_KERNEL_CACHE=str(tmp_path), CXX=str(tmp_path / "no-compiler"))
+    result = run_cli("generate", "hi", "--max-tokens", "2", "--quantize", "q4", env=env)
+    assert result.returncode != 0
+    assert "Traceback" not in result.stderr, result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("nanoserve: the CPU kernels need a C++ compiler"), result.stderr
+    result = run_cli("generate", "hi", "--max-tokens", "2", env=env)
+    assert result.returncode == 0, result.stderr
+    assert "cannot be built here, so q4 is served dequantized" in result.stderr
+    assert result.stdout.strip()

@@ -97,7 +97,7 @@ def test_an_unknown_decode_mode_is_named() -> None:
 
 
 def test_bfloat16_is_batch_invariant(tiny_llama_dir: Path) -> None:
-    """bf16 on a CPU takes the same recipe as float32 (4-row GEMM tiles, float64 attention):
+    """bf16 on a CPU takes the same recipe as float32 (fixed GEMM tiles, float64 attention):
     oneDNN's bf16 kernels were invariant by themselves on a Zen 4 but not on an Intel AMX Xeon.
     Alone == batched == recorded, tokens and logprobs."""
     from nanoserve.runtime.engine.engine import Engine

@@ -42,8 +42,11 @@ from nanoserve.runtime.model.weight_forms import (
 # differs per CPU (Zen 3/4: 1, 2-3, multiples of 4; an Intel AMX Xeon: 1, 2-15, 16 and up);
 # oneDNN's bf16 GEMM on that Xeon changes kernel past 32 rows. At one fixed count a row's
 # result ignores the other rows and its position among them on every CPU measured, so the
-# batch-invariant torch path calls its GEMMs on tiles of exactly 4 rows, in every dtype.
-INVARIANT_ROW_TILE = 4
+# batch-invariant torch path calls its GEMMs on tiles of exactly one size: 4 rows in float32
+# (the cheapest for decode), 32 in bf16 (measured here: decode as fast as untiled, prefill
+# 2.5x faster than 4-row tiles).
+INVARIANT_ROW_TILE = {torch.float32: 4}
+BF16_ROW_TILE = 32
 
 
 def attention_dtype(
@@ -274,8 +277,8 @@ class LlamaModel:
 
 
 def _tiled_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
-    """F.linear on row tiles of exactly INVARIANT_ROW_TILE (the last one zero-padded)."""
-    rows, tile = x.shape[0], INVARIANT_ROW_TILE
+    """F.linear on row tiles of exactly one size for x's dtype (the last one zero-padded)."""
+    rows, tile = x.shape[0], INVARIANT_ROW_TILE.get(x.dtype, BF16_ROW_TILE)
     pad = -rows % tile
     if pad:
         x = torch.cat((x, x.new_zeros(pad, x.shape[1])))
