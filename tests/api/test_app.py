@@ -76,6 +76,7 @@ async def test_health_when_ready() -> None:
         "status": "ok",
         "model": "fake-model",
         "dtype": "float32",
+        "quantize": None,
         "device": "cpu",
         "cpu": "AVX2 (avx2 fma f16c)",
         "kernels": "float32 torch/mkl",

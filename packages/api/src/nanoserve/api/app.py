@@ -51,6 +51,7 @@ def health_body(status: EngineStatus) -> dict[str, object]:
         "status": "ok",
         "model": status.model,
         "dtype": status.dtype,
+        "quantize": status.quantize,
         "device": status.device,
         "cpu": status.cpu,
         "kernels": status.kernels,
