@@ -181,10 +181,6 @@ inline float f_hmax(F16 a) {
   return _mm_cvtss_f32(_mm_max_ss(t, _mm_movehdup_ps(t)));
 }
 
-inline void f_hsum16(const F16* v, float* out) {
-  for (int p = 0; p < 16; ++p) out[p] = f_hsum(v[p]);
-}
-
 inline I16 i_zero() { return {_mm256_setzero_si256(), _mm256_setzero_si256()}; }
 inline I16 i_set1(int32_t x) { return {_mm256_set1_epi32(x), _mm256_set1_epi32(x)}; }
 inline I16 i_add(I16 a, I16 b) { return {_mm256_add_epi32(a.lo, b.lo), _mm256_add_epi32(a.hi, b.hi)}; }
@@ -306,10 +302,6 @@ inline float f_hmax(F16 a) {
   return m;
 }
 
-inline void f_hsum16(const F16* v, float* out) {
-  for (int p = 0; p < 16; ++p) out[p] = f_hsum(v[p]);
-}
-
 inline I16 i_zero() { I16 r; NS_LANES(0) return r; }
 inline I16 i_set1(int32_t x) { I16 r; NS_LANES(x) return r; }
 inline I16 i_add(I16 a, I16 b) { I16 r; NS_LANES(a.v[i] + b.v[i]) return r; }
@@ -339,6 +331,13 @@ inline I16 w_sum(W16 a) { return a; }
 #endif
 
 // -- built from the above, so the same everywhere ----------------------------------------
+
+#if !defined(NS_AVX512)
+// The 16 tree sums of v[0..16): AVX-512 has a shuffle network for it; here, one at a time.
+inline void f_hsum16(const F16* v, float* out) {
+  for (int p = 0; p < 16; ++p) out[p] = f_hsum(v[p]);
+}
+#endif
 
 // exp(x) for x <= 88 (Cephes' expf: x = n ln2 + r, a degree-6 polynomial in r, times 2^n).
 // Below -87.3 it returns ~1e-38 rather than 0: a softmax weight that small changes nothing.
