@@ -38,6 +38,7 @@ def test_two_chunks_exact() -> None:
     ]
     assert plan.last_token_idx.tolist() == [2, 5]
     assert plan.token_rows.tolist() == [0, 0, 0, 1, 1, 1]  # each token's row of slot_rect
+    assert plan.token_context_lens.tolist() == [1, 2, 3, 6, 7, 8]  # causal: position + 1
     assert plan.sink_slot == SINK
     for name in (
         "input_ids",
@@ -46,6 +47,7 @@ def test_two_chunks_exact() -> None:
         "context_lens",
         "slot_rect",
         "token_rows",
+        "token_context_lens",
     ):
         assert getattr(plan, name).dtype == torch.int64
 

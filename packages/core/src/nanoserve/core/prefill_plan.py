@@ -38,6 +38,7 @@ class PrefillPlan:
     slot_rect: torch.Tensor  # [chunks, width] int64
     last_token_idx: torch.Tensor  # [chunks] int64: the flat index of each chunk's last token
     token_rows: torch.Tensor  # [tokens] int64: each token's chunk, its row of slot_rect
+    token_context_lens: torch.Tensor  # [tokens] int64: slots each token sees, position + 1
     sink_slot: int
 
     @property
@@ -91,6 +92,9 @@ def plan_prefill(
             [row for row, chunk in enumerate(chunks) for _ in chunk.token_ids],
             dtype=torch.int64,
             device=device,
+        ),
+        token_context_lens=torch.tensor(
+            [p + 1 for p in positions], dtype=torch.int64, device=device
         ),
         sink_slot=sink_slot,
     )

@@ -29,12 +29,12 @@ from nanoserve.runtime.text.chat_template import ChatTemplate
 log = logging.getLogger("nanoserve")
 
 
-def resolve_model_path(model: str | None, quantize: str | None = None) -> Path:
-    """The checkpoint to load: a directory, a GGUF file, or the embedded model. A GGUF is
-    converted once (cached) to a float checkpoint, unless the weight form reads its blocks as
-    stored (q4, q8): then the file itself is loaded."""
+def resolve_model_path(model: str | None, *, convert: bool = True) -> Path:
+    """The checkpoint to load: a directory, a GGUF file, or the embedded model. With `convert`
+    a GGUF becomes its float checkpoint (converted once, cached); without, the file itself is
+    loaded (for a weight form that reads its blocks as stored, or to see which it holds)."""
     path = Path(model) if model else embedded_model_path()
-    if path.suffix == ".gguf" and path.is_file() and not kept_blocks(quantize):
+    if convert and path.suffix == ".gguf" and path.is_file():
         from nanoserve.runtime.loading.convert import cached_conversion
 
         return cached_conversion(path)
@@ -63,7 +63,9 @@ def build_engine(
 ) -> Engine:
     say = say or log.info
     started = time.perf_counter()
-    path = resolve_model_path(config.model, "q4" if config.quantize == AUTO else config.quantize)
+    # "auto" reads the GGUF itself first: its tensor types decide the form.
+    keep_gguf = config.quantize == AUTO or bool(kept_blocks(config.quantize))
+    path = resolve_model_path(config.model, convert=not keep_gguf)
     say(f"loading {path}")
     checkpoint = load_checkpoint(path)
     config = choose_weight_forms(config, checkpoint, say)

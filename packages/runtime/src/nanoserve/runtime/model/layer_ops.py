@@ -167,7 +167,7 @@ class CpuKernelOps:
         # A prompt token attends like a decode row at its own position: its chunk's rectangle
         # row, position + 1 slots (the causal mask is the length).
         return self.ops.paged_attention(
-            q, kv, plan.slot_rect, plan.token_rows, plan.positions + 1, self.scale, heads
+            q, kv, plan.slot_rect, plan.token_rows, plan.token_context_lens, self.scale, heads
         )
 
     def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:

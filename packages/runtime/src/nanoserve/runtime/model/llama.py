@@ -34,7 +34,6 @@ from nanoserve.runtime.model.weight_forms import (
     dense,
     head_form,
     kept_blocks,
-    layer_form,
     make_linear,
 )
 
@@ -130,7 +129,7 @@ class LlamaModel:
         def take(name: str, as_dtype: torch.dtype = dtype) -> torch.Tensor:
             return dense(source(name), as_dtype, self.device)
 
-        def linear(*names: str, form: str | None = layer_form(quantize)) -> Linear:
+        def linear(*names: str, form: str | None = quantize) -> Linear:
             return make_linear([source(n) for n in names], form, dtype, self.device)
 
         embed = source("model.embed_tokens.weight")

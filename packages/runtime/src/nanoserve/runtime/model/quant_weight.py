@@ -191,12 +191,6 @@ class PackedWeight:
         blocks, groups = _blocks(self.out_features), self.in_features // GROUP
         return self.packed.view(blocks, groups, group_bytes)
 
-    def levels(self) -> Q4Levels | Q8Levels:
-        raise NotImplementedError
-
-    def dequantize(self) -> torch.Tensor:
-        return self.levels().dequantize()
-
 
 @dataclass(frozen=True, slots=True)
 class Q4Weight(PackedWeight):
@@ -214,6 +208,9 @@ class Q4Weight(PackedWeight):
             q[:n].contiguous(), _unpack_fp16(p[..., 256:288], n), _unpack_fp16(p[..., 288:], n)
         )
 
+    def dequantize(self) -> torch.Tensor:
+        return self.levels().dequantize()
+
     def matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         """x [rows, in] float32 @ w.T (+ bias float32) -> [rows, out] float32."""
         return torch.ops.nanoserve.q4_linear(x, self.packed, self.out_features, bias)
@@ -228,6 +225,9 @@ class Q8Weight(PackedWeight):
         q = (u.reshape(-1, self.in_features).to(torch.int16) - 128).to(torch.int8)
         n = self.out_features
         return Q8Levels(q[:n].contiguous(), _unpack_fp16(p[..., 512:], n))
+
+    def dequantize(self) -> torch.Tensor:
+        return self.levels().dequantize()
 
     def matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         """x [rows, in] float32 @ w.T (+ bias float32) -> [rows, out] float32."""

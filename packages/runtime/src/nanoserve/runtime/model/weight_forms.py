@@ -61,10 +61,6 @@ def kept_blocks(quantize: str | None) -> frozenset[str]:
     return BLOCK_TYPES if quantize in KERNEL_FORMS else frozenset()
 
 
-def layer_form(quantize: str | None) -> str | None:
-    return quantize
-
-
 def head_form(quantize: str | None) -> str | None:
     """The output projection's form: 8 bits under q4, since its logits pick the token."""
     return "q8" if quantize == "q4" else quantize

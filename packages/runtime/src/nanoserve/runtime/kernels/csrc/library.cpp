@@ -157,7 +157,10 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& kv, const at::
   std::atomic<bool> ok{true};
   const KernelTable* t = table();
   at::parallel_for(0, tokens * kv_heads, grain_for(group * width * dim), [&](int64_t t0, int64_t t1) {
-    std::vector<float> scratch(group * (width + 16) + 16 * dim);
+    // Kept per thread across calls, as the linears' activations are: no allocation per step.
+    thread_local std::vector<float> scratch;
+    const size_t floats = group * (width + 16) + 16 * dim;
+    if (scratch.size() < floats) scratch.resize(floats);
     if (!t->attention(args, t0, t1, scratch.data())) ok = false;
   });
   TORCH_CHECK(ok.load(), "a slot in the rectangle is outside the K/V pool of ", kv.size(1), " slots");
