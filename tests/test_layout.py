@@ -35,7 +35,15 @@ RUNTIME = Rule(banned=("nanoserve.api",))
 CORE_TESTS = Rule(banned=(), allowed=("torch", "pytest", "hypothesis", "nanoserve.core"))
 
 # Inside runtime the folders are layers too: each may import only the folders below it.
-RUNTIME_FOLDERS = ("kernels", "text", "loading", "model", "decode", "engine")  # bottom to top
+RUNTIME_FOLDERS = (
+    "kernels",
+    "text",
+    "loading",
+    "model",
+    "decode",
+    "structured",
+    "engine",
+)  # bottom to top
 
 
 def runtime_folder_rule(folder: str) -> Rule:

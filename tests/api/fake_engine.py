@@ -30,6 +30,7 @@ from nanoserve.runtime.engine.engine_status import EngineStatus, PrefixCacheCoun
 from nanoserve.runtime.engine.sampling_params import SamplingParams
 from nanoserve.runtime.engine.sequence import Delta
 from nanoserve.runtime.engine_config import EngineConfig
+from nanoserve.runtime.structured.grammar_spec import GrammarSpec
 
 MODEL = "fake-model"
 POOL = KVPoolPlan(
@@ -141,6 +142,12 @@ class FakeEngine:
 
     def default_max_tokens(self, prompt_len: int) -> int:
         return max(1, min(self.max_model_len, POOL.num_slots) - prompt_len)
+
+    template_reads_tools: bool = False
+    grammars: list[GrammarSpec] = field(default_factory=list)  # compile_grammar's, in turn
+
+    async def compile_grammar(self, spec: GrammarSpec) -> None:
+        self.grammars.append(spec)
 
     def submit(
         self, request_id: str, prompt_ids: Sequence[int], params: SamplingParams

@@ -18,6 +18,7 @@ from nanoserve.runtime.engine.engine_status import EngineStatus
 from nanoserve.runtime.engine.sampling_params import SamplingParams
 from nanoserve.runtime.engine.sequence import Delta
 from nanoserve.runtime.engine_config import EngineConfig
+from nanoserve.runtime.structured.grammar_spec import GrammarSpec
 
 
 class TokenCodec(Protocol):
@@ -58,6 +59,15 @@ class EngineClient(Protocol):
 
     def default_max_tokens(self, prompt_len: int) -> int:
         """What a request that leaves max_tokens unset may generate."""
+        ...
+
+    @property
+    def template_reads_tools(self) -> bool:
+        """Whether the chat template renders `tools` (else the server's tool prompt does)."""
+        ...
+
+    async def compile_grammar(self, spec: GrammarSpec) -> None:
+        """Compile a grammar ahead of `submit` (raising GrammarError for a bad one)."""
         ...
 
     def submit(

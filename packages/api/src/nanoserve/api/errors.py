@@ -13,6 +13,7 @@ from nanoserve.runtime.engine.engine import RequestError
 from nanoserve.runtime.engine.sampling_params import SamplingParamsError
 from nanoserve.runtime.engine.scheduler import QueueFullError
 from nanoserve.runtime.errors import ChatTemplateError
+from nanoserve.runtime.structured.grammar_spec import GrammarError
 
 log = logging.getLogger("nanoserve.api")
 
@@ -22,6 +23,7 @@ _TYPES = {
     404: "not_found_error",
     405: "invalid_request_error",
     413: "invalid_request_error",
+    415: "invalid_request_error",
     429: "rate_limit_error",
     500: "internal_server_error",
     503: "service_unavailable",
@@ -101,7 +103,9 @@ def handle_too_deep(_: Request, error: RecursionError) -> Response[ErrorResponse
     return error_response(400, "the request body is nested too deeply to decode")
 
 
-def handle_bad_parameter(_: Request, error: SamplingParamsError | RequestError) -> Response:
+def handle_bad_parameter(
+    _: Request, error: SamplingParamsError | RequestError | GrammarError
+) -> Response:
     """A request the engine cannot serve as asked: 400, naming the field."""
     return error_response(400, str(error), param=error.field)
 
@@ -135,6 +139,7 @@ EXCEPTION_HANDLERS = {
     # Keyed by type: Litestar picks the most specific class in the error's MRO.
     SamplingParamsError: handle_bad_parameter,
     RequestError: handle_bad_parameter,
+    GrammarError: handle_bad_parameter,
     ChatTemplateError: handle_chat_template,
     QueueFullError: handle_queue_full,
     EngineClosedError: handle_engine_closed,

@@ -15,6 +15,7 @@ from litestar.di import NamedDependency
 from litestar.params import JSONBody
 from litestar.response import ServerSentEvent
 
+from nanoserve.api.errors import APIError
 from nanoserve.api.merged_stream import MergedStream
 from nanoserve.api.response_builders import Answer, chat_response, completion_response
 from nanoserve.api.schemas import ChatRequest, CompletionRequest, ModelCard, ModelList
@@ -23,8 +24,22 @@ from nanoserve.api.state import ServerState
 from nanoserve.api.translate import translate_chat, translate_completion
 
 
+def require_json(request: Request) -> None:
+    """POST bodies are JSON: any other Content-Type (or none) is a 415, before the body is
+    read. A parameter (`; charset=utf-8`) is fine; `application/*+json` is JSON too."""
+    if request.method != "POST":
+        return
+    media = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+    if media != "application/json" and not (
+        media.startswith("application/") and media.endswith("+json")
+    ):
+        shown = media or "none"
+        raise APIError(415, f"the request body must be application/json (Content-Type: {shown})")
+
+
 class OpenAIController(Controller):
     path = "/v1"
+    before_request = require_json
 
     @get("/models")
     async def models(self, server: NamedDependency[ServerState]) -> ModelList:
@@ -43,6 +58,8 @@ class OpenAIController(Controller):
     ) -> Response:
         engine = server.require_engine()
         inputs = translate_completion(data, engine)
+        if inputs.params.grammar is not None:
+            await engine.compile_grammar(inputs.params.grammar)
         answer = Answer.new("cmpl", engine)
         # One engine request per prompt, each running params.n samples.
         requests = [(f"{answer.id}-{i}", p.token_ids) for i, p in enumerate(inputs.prompts)]
@@ -57,6 +74,8 @@ class OpenAIController(Controller):
     ) -> Response:
         engine = server.require_engine()
         inputs = translate_chat(data, engine)
+        if inputs.params.grammar is not None:
+            await engine.compile_grammar(inputs.params.grammar)
         answer = Answer.new("chatcmpl", engine)
         requests = [(answer.id, inputs.prompt_ids)]
         merged = await MergedStream.submit(engine, requests, inputs.params)

@@ -24,6 +24,7 @@ from nanoserve.api.schemas import (
     TopLogprob,
     Usage,
 )
+from nanoserve.api.tool_calls import parse_tool_calls
 from nanoserve.api.translate import ChatInputs, CompletionInputs
 from nanoserve.runtime.engine.sequence import Delta
 
@@ -178,6 +179,18 @@ def completion_response(
     return answer.completion(out, usage(inputs.prompt_tokens, completion, cached))
 
 
+def assistant_message(choice: Choice, inputs: ChatInputs) -> tuple[AssistantMessage, str | None]:
+    """The message of one choice and its finish reason: its calls parsed out where tools are
+    in play ("tool_calls" when the model called and stopped, as OpenAI says it)."""
+    if not inputs.tools.parses:
+        return AssistantMessage(content=choice.text), choice.finish_reason
+    content, calls = parse_tool_calls(choice.text, inputs.tools)
+    if not calls:
+        return AssistantMessage(content=choice.text), choice.finish_reason
+    finish = "tool_calls" if choice.finish_reason == "stop" else choice.finish_reason
+    return AssistantMessage(content=content, tool_calls=calls), finish
+
+
 def chat_response(
     answer: Answer, inputs: ChatInputs, deltas: Sequence[Tagged]
 ) -> ChatCompletionResponse:
@@ -190,13 +203,14 @@ def chat_response(
         choices=[
             ChatChoice(
                 index=i,
-                message=AssistantMessage(content=c.text),
+                message=message,
                 logprobs=chat_logprobs(answer.tokenizer, c.token_ids, c.logprobs, c.top)
                 if with_logprobs
                 else None,
-                finish_reason=c.finish_reason,
+                finish_reason=finish,
             )
             for i, c in enumerate(choices)
+            for message, finish in [assistant_message(c, inputs)]
         ],
         usage=usage(len(inputs.prompt_ids), sum(len(c.token_ids) for c in choices), cached),
     )

@@ -5,13 +5,37 @@ from __future__ import annotations
 from typing import Any, Literal
 
 import msgspec
-from msgspec import Struct
+from msgspec import UNSET, Struct, UnsetType
 
 # -- requests -------------------------------------------------------------------------------
 
 
 class StreamOptions(Struct, kw_only=True):
     include_usage: bool = False
+
+
+class JsonSchemaFormat(Struct, kw_only=True):
+    name: str | None = None
+    schema: dict[str, Any] | bool | None = None
+    strict: bool | None = None
+    description: str | None = None
+
+
+class ResponseFormat(Struct, kw_only=True):
+    """OpenAI's: {"type": "text" | "json_object" | "json_schema", "json_schema": {...}}."""
+
+    type: str
+    json_schema: JsonSchemaFormat | None = None
+
+
+class StructuredOutputs(Struct, kw_only=True):
+    """vLLM's extension: exactly one of these constrains the output."""
+
+    json: dict[str, Any] | str | None = None  # a JSON schema, or its text
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None  # EBNF: GBNF (llama.cpp's) or Lark
+    json_object: bool | None = None
 
 
 class _SamplingFields(Struct, kw_only=True):
@@ -34,6 +58,8 @@ class _SamplingFields(Struct, kw_only=True):
     repetition_penalty: float | None = None
     ignore_eos: bool = False
     stop_token_ids: list[int] | None = None
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputs | None = None
 
 
 class CompletionRequest(_SamplingFields, kw_only=True):
@@ -48,10 +74,35 @@ class ContentPart(Struct, kw_only=True):
     text: str | None = None
 
 
+class FunctionCall(Struct, kw_only=True):
+    name: str
+    arguments: str  # JSON text, as OpenAI sends it
+
+
+class ToolCall(Struct, kw_only=True):
+    id: str
+    type: str = "function"
+    function: FunctionCall
+
+
 class ChatMessage(Struct, kw_only=True):
     role: str
     content: str | list[ContentPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCall] | None = None  # an assistant's earlier calls
+    tool_call_id: str | None = None  # a tool message: the call it answers
+
+
+class FunctionDefinition(Struct, kw_only=True):
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None  # a JSON schema of the arguments
+    strict: bool | None = None
+
+
+class Tool(Struct, kw_only=True):
+    type: str
+    function: FunctionDefinition
 
 
 class ChatRequest(_SamplingFields, kw_only=True):
@@ -59,6 +110,10 @@ class ChatRequest(_SamplingFields, kw_only=True):
     max_completion_tokens: int | None = None
     logprobs: bool = False
     top_logprobs: int | None = None
+    tools: list[Tool] | None = None
+    # "none" | "auto" | "required" | {"type": "function", "function": {"name": ...}}
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
 
 
 # -- responses ------------------------------------------------------------------------------
@@ -118,6 +173,21 @@ class ChoiceLogprobs(Struct, kw_only=True):
 class AssistantMessage(Struct, kw_only=True):
     role: str = "assistant"
     content: str | None = None
+    tool_calls: list[ToolCall] | UnsetType = UNSET  # present only when the model called
+
+
+class FunctionCallDelta(Struct, kw_only=True, omit_defaults=True):
+    name: str | None = None
+    arguments: str | None = None
+
+
+class ToolCallDelta(Struct, kw_only=True, omit_defaults=True):
+    """A streamed call: its first chunk names it (id, type, name), later ones add arguments."""
+
+    index: int
+    id: str | None = None
+    type: str | None = None
+    function: FunctionCallDelta | None = None
 
 
 class ChatChoice(Struct, kw_only=True):
@@ -139,6 +209,7 @@ class ChatCompletionResponse(Struct, kw_only=True):
 class ChatDelta(Struct, kw_only=True, omit_defaults=True):
     role: str | None = None
     content: str | None = None
+    tool_calls: list[ToolCallDelta] | None = None
 
 
 class ChatChunkChoice(Struct, kw_only=True):

@@ -18,6 +18,7 @@ from nanoserve.api.response_builders import (
     usage,
 )
 from nanoserve.api.schemas import ChatChunkChoice, ChatDelta, CompletionChoice, encode
+from nanoserve.api.tool_calls import ToolCallStream
 from nanoserve.api.translate import ChatInputs, CompletionInputs
 
 DONE = "[DONE]"
@@ -75,6 +76,9 @@ async def chat_events(
     answer: Answer, inputs: ChatInputs, merged: MergedStream
 ) -> AsyncIterator[Event]:
     completion, cached = 0, 0
+    # Where tools are in play, each choice's text passes through a parser that holds back
+    # what may be a call and sends each call as tool-call deltas.
+    parsers = [ToolCallStream(inputs.tools) for _ in range(inputs.params.n)]
     try:
         for i in range(inputs.params.n):  # OpenAI opens each choice with its role
             role = ChatDelta(role="assistant", content="")
@@ -82,7 +86,15 @@ async def chat_events(
         async for _, delta in merged:
             completion += len(delta.token_ids)
             cached = max(cached, delta.cached_tokens)
-            if not delta.text and delta.finish_reason is None and delta.logprobs is None:
+            text, calls = delta.text, None
+            finish = delta.finish_reason
+            if inputs.tools.parses:
+                parser = parsers[delta.index]
+                text, found = parser.push(text, final=finish is not None)
+                calls = found or None
+                if finish == "stop" and parser.num_calls:
+                    finish = "tool_calls"
+            if not text and not calls and finish is None and delta.logprobs is None:
                 continue
             logprobs = None
             if delta.logprobs is not None:
@@ -94,9 +106,9 @@ async def chat_events(
                 )
             choice = ChatChunkChoice(
                 index=delta.index,
-                delta=ChatDelta(content=delta.text) if delta.text else ChatDelta(),
+                delta=ChatDelta(content=text or None, tool_calls=calls),
                 logprobs=logprobs,
-                finish_reason=delta.finish_reason,
+                finish_reason=finish,
             )
             yield event(answer.chat_chunk([choice]))
         if inputs.include_usage:

@@ -6,18 +6,22 @@ field), in the order the fields are read; the engine's own checks come at `submi
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
 from nanoserve.api.engine_client import EngineClient
 from nanoserve.api.errors import APIError
-from nanoserve.api.schemas import ChatRequest, CompletionRequest, _SamplingFields
+from nanoserve.api.schemas import ChatMessage, ChatRequest, CompletionRequest, _SamplingFields
+from nanoserve.api.structured_outputs import requested_grammar
+from nanoserve.api.tool_calls import ToolPlan, default_tool_prompt, plan_tools, wire_call
 from nanoserve.runtime.engine.sampling_params import (
     MAX_TOP_LOGPROBS,
     SEED_END,
     SEED_MIN,
     SamplingParams,
 )
+from nanoserve.runtime.structured.grammar_spec import GrammarSpec
 
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's legacy completions default
 
@@ -48,6 +52,7 @@ class ChatInputs:
     prompt_ids: list[int]  # the rendered conversation, tokenized
     params: SamplingParams
     include_usage: bool
+    tools: ToolPlan  # what to look for in the answer's text
 
 
 def translate_completion(request: CompletionRequest, engine: EngineClient) -> CompletionInputs:
@@ -59,6 +64,7 @@ def translate_completion(request: CompletionRequest, engine: EngineClient) -> Co
         max_tokens=request.max_tokens,
         logprobs=request.logprobs,
         default_max=COMPLETION_DEFAULT_MAX_TOKENS,
+        grammar=requested_grammar(request.response_format, request.structured_outputs),
     )
     return CompletionInputs(
         prompts=completion_prompts(request, engine),
@@ -83,15 +89,28 @@ def translate_chat(request: ChatRequest, engine: EngineClient) -> ChatInputs:
         if request.max_completion_tokens is not None
         else request.max_tokens
     )
-    prompt_ids = chat_prompt(request, engine)
+    tools = plan_tools(request.tools, request.tool_choice, request.parallel_tool_calls)
+    grammar = requested_grammar(request.response_format, request.structured_outputs)
+    tool_grammar = tools.grammar()
+    if grammar is not None and tool_grammar is not None:
+        raise APIError(
+            400,
+            f"tool_choice {tools.choice!r} constrains the answer to calls; it cannot also follow"
+            " response_format or structured_outputs",
+            param="tool_choice",
+        )
+    prompt_ids = chat_prompt(request, engine, tools)
     params = sampling_params(
         request,
         max_tokens=max_tokens,
         logprobs=(top or 0) if request.logprobs else None,
         # Unset: as long as the context and the pool allow, not a fixed 16 (a chat answer).
         default_max=engine.default_max_tokens(len(prompt_ids)),
+        grammar=grammar or tool_grammar,
     )
-    return ChatInputs(prompt_ids=prompt_ids, params=params, include_usage=_include_usage(request))
+    return ChatInputs(
+        prompt_ids=prompt_ids, params=params, include_usage=_include_usage(request), tools=tools
+    )
 
 
 def _include_usage(request: _SamplingFields) -> bool:
@@ -109,7 +128,12 @@ def check_model(request: _SamplingFields, engine: EngineClient) -> None:
 
 
 def sampling_params(
-    request: _SamplingFields, *, max_tokens: int | None, logprobs: int | None, default_max: int
+    request: _SamplingFields,
+    *,
+    max_tokens: int | None,
+    logprobs: int | None,
+    default_max: int,
+    grammar: GrammarSpec | None = None,
 ) -> SamplingParams:
     if request.seed is not None and not SEED_MIN <= request.seed < SEED_END:
         # OpenAI's seed is an int64; torch's generators refuse more than 64 bits (a 500, late).
@@ -141,6 +165,7 @@ def sampling_params(
         "logit_bias": bias,
         "logprobs": logprobs,
         "n": request.n,
+        "grammar": grammar,
     }
     return SamplingParams(**fields)
 
@@ -169,28 +194,80 @@ def completion_prompts(request: CompletionRequest, engine: EngineClient) -> list
     )
 
 
-def chat_prompt(request: ChatRequest, engine: EngineClient) -> list[int]:
+def chat_prompt(request: ChatRequest, engine: EngineClient, tools: ToolPlan) -> list[int]:
     if not request.messages:
         raise APIError(400, "messages is empty", param="messages")
-    messages = []
-    for i, message in enumerate(request.messages):
-        if message.role not in ("system", "user", "assistant", "developer"):
-            raise APIError(
-                400, f"messages[{i}].role {message.role!r} is not supported", param="messages"
-            )
-        content = message.content
-        if isinstance(content, list):
-            texts = []
-            for part in content:
-                if part.type != "text" or part.text is None:
-                    raise APIError(
-                        400,
-                        f"messages[{i}]: only text content parts are supported",
-                        param="messages",
-                    )
-                texts.append(part.text)
-            content = "".join(texts)
-        role = "system" if message.role == "developer" else message.role
-        messages.append({"role": role, "content": content or ""})
-    text = engine.render_chat(messages)
+    native = engine.template_reads_tools  # the template renders tools, calls and results
+    messages = [_chat_message(i, m, native) for i, m in enumerate(request.messages)]
+    extra: dict[str, object] = {}
+    if tools.parses and native:
+        extra["tools"] = tools.tool_dicts()
+    elif tools.parses:
+        prompt = default_tool_prompt(tools)
+        if messages[0]["role"] == "system":
+            messages[0] = {**messages[0], "content": f"{messages[0]['content']}\n\n{prompt}"}
+        else:
+            messages.insert(0, {"role": "system", "content": prompt})
+    text = engine.render_chat(messages, **extra)
     return engine.tokenizer.encode(text, add_special_tokens=False)
+
+
+def _chat_message(i: int, message: ChatMessage, native: bool) -> dict[str, Any]:
+    """One message as the chat template reads it (tool turns rewritten where it cannot)."""
+    if message.role not in ("system", "user", "assistant", "developer", "tool"):
+        raise APIError(
+            400, f"messages[{i}].role {message.role!r} is not supported", param="messages"
+        )
+    content = message.content
+    if isinstance(content, list):
+        texts = []
+        for part in content:
+            if part.type != "text" or part.text is None:
+                raise APIError(
+                    400, f"messages[{i}]: only text content parts are supported", param="messages"
+                )
+            texts.append(part.text)
+        content = "".join(texts)
+    content = content or ""
+    if message.role == "tool":
+        if not message.tool_call_id:
+            raise APIError(
+                400, f"messages[{i}]: a tool message needs tool_call_id", param="messages"
+            )
+        if native:
+            return {"role": "tool", "content": content, "tool_call_id": message.tool_call_id}
+        return {"role": "user", "content": f"<tool_response>\n{content}\n</tool_response>"}
+    if message.tool_calls:
+        if message.role != "assistant":
+            raise APIError(
+                400, f"messages[{i}]: only assistant messages carry tool_calls", param="messages"
+            )
+        if native:
+            calls = [
+                {
+                    "id": c.id,
+                    "type": "function",
+                    "function": {
+                        "name": c.function.name,
+                        "arguments": _arguments(c.function.arguments),
+                    },
+                }
+                for c in message.tool_calls
+            ]
+            return {"role": "assistant", "content": content, "tool_calls": calls}
+        written = "\n".join(
+            wire_call(c.function.name, c.function.arguments) for c in message.tool_calls
+        )
+        return {"role": "assistant", "content": f"{content}\n{written}" if content else written}
+    role = "system" if message.role == "developer" else message.role
+    return {"role": role, "content": content}
+
+
+def _arguments(text: str) -> Any:
+    """Templates index arguments as a mapping (Hugging Face's convention); JSON text that is
+    not an object is passed on as sent."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError:
+        return text
+    return value if isinstance(value, dict) else text

@@ -6,7 +6,8 @@ thread drains between steps, so the event loop never waits for a step to finish.
 gets an async iterator of deltas; cancelling it aborts the request and frees its blocks.
 
 This class is the whole surface the server uses: `name`, `max_model_len`, `tokenizer`,
-`render_chat`, `default_max_tokens`, `submit`, `status`, `num_pending`, `start`, `shutdown`.
+`render_chat`, `template_reads_tools`, `default_max_tokens`, `compile_grammar`, `submit`,
+`status`, `num_pending`, `start`, `shutdown`.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from nanoserve.runtime.engine.engine_status import EngineStatus
 from nanoserve.runtime.engine.sampling_params import SamplingParams
 from nanoserve.runtime.engine.scheduler import QueueFullError
 from nanoserve.runtime.engine.sequence import Delta
+from nanoserve.runtime.structured.grammar_spec import GrammarSpec
 from nanoserve.runtime.text.tokenizer import Tokenizer
 
 log = logging.getLogger("nanoserve.async_engine")
@@ -202,6 +204,15 @@ class AsyncEngine:
 
     def default_max_tokens(self, prompt_len: int) -> int:
         return self.engine.default_max_tokens(prompt_len)
+
+    @property
+    def template_reads_tools(self) -> bool:
+        return self.engine.template_reads_tools
+
+    async def compile_grammar(self, spec: GrammarSpec) -> None:
+        """Compile off the event loop (a large schema takes long), raising GrammarError; the
+        check at `submit` is then a cache hit."""
+        await asyncio.to_thread(self.engine.compile_grammar, spec)
 
     def status(self) -> EngineStatus:
         return self.engine.status()

@@ -41,6 +41,9 @@ from nanoserve.runtime.kernels.cpu_features import cpu_features
 from nanoserve.runtime.model.kv_pool import KVPool
 from nanoserve.runtime.model.llama import LlamaModel
 from nanoserve.runtime.model.memory import keep_freed_memory
+from nanoserve.runtime.structured.grammar_compiler import GrammarCompiler
+from nanoserve.runtime.structured.grammar_spec import GrammarSpec
+from nanoserve.runtime.structured.token_masks import StepMask, TokenMasks
 from nanoserve.runtime.text.chat_template import ChatTemplate
 from nanoserve.runtime.text.tokenizer import IncrementalDetokenizer, Tokenizer
 
@@ -104,6 +107,12 @@ class Engine:
         )
         self.runner = ModelRunner(model, self.pool, config, backend)
         self.eos_token_ids = frozenset(cfg.eos_token_ids) | frozenset(tokenizer.eos_token_ids)
+        self.grammars = GrammarCompiler(
+            tokenizer, vocab_size=cfg.vocab_size, eos_token_ids=sorted(self.eos_token_ids)
+        )
+        self.token_masks = TokenMasks(
+            cfg.vocab_size, config.max_batch, pin=model.device.type == "cuda"
+        )
         self._requests: dict[str, list[Sequence]] = {}
         self._seq_ids = itertools.count()
         self.warm_report: WarmupReport | None = None
@@ -138,6 +147,7 @@ class Engine:
                     detokenizer=IncrementalDetokenizer(self.tokenizer, skip_special_tokens=True),
                     eos_token_ids=self.eos_token_ids,
                     generator=generator,
+                    grammar=self.grammars.matcher(params.grammar) if params.grammar else None,
                 )
             )
         # Parallel samples wait for the first one's prompt, then share its cached blocks.
@@ -171,6 +181,12 @@ class Engine:
                 f" exceeds the K/V pool's {capacity} slots",
             )
         params.check_vocab(vocab)
+        if params.grammar is not None:
+            self.grammars.compile(params.grammar)  # a bad grammar is refused here, cached else
+
+    def compile_grammar(self, spec: GrammarSpec) -> None:
+        """Compile spec now (raising GrammarError), so that admitting it later is a cache hit."""
+        self.grammars.compile(spec)
 
     def abort(self, request_id: str) -> list[Delta]:
         """Finish a request now and free its blocks; returns its last deltas."""
@@ -210,9 +226,17 @@ class Engine:
             return []
         logits = self.runner.execute(out)  # check (at record time) + execute
         sampling = [item.seq for item in out.scheduled if item.samples]
-        result = sample(logits, [_sample_row(s) for s in sampling], self.generator)  # sample
+        mask = self._step_mask(sampling)
+        rows = [_sample_row(s) for s in sampling]
+        result = sample(logits, rows, self.generator, mask)  # sample
         self.num_steps += 1
         return self._commit(out, sampling, result)  # commit
+
+    def _step_mask(self, sampling: list[Sequence]) -> StepMask | None:
+        """The grammar masks of this step's constrained rows (None when no row is)."""
+        return self.token_masks.fill(
+            [(i, s.grammar) for i, s in enumerate(sampling) if s.grammar is not None]
+        )
 
     def _commit(self, out: SchedulerOutput, sampling: list[Sequence], result) -> list[Delta]:
         self.scheduler.commit(out)
@@ -312,6 +336,10 @@ class Engine:
         if self.chat_template is None:
             raise RequestError("messages", f"the model {self.name} has no chat template")
         return self.chat_template.render(messages, add_generation_prompt=True, **extra)
+
+    @property
+    def template_reads_tools(self) -> bool:
+        return self.chat_template is not None and self.chat_template.reads_tools
 
     def check_blocks(self) -> None:
         self.blocks.check(idle=not self.has_unfinished)

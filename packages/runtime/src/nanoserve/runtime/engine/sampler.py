@@ -7,8 +7,10 @@ from dataclasses import dataclass
 
 import torch
 
+from nanoserve.core.token_bitmask import apply_token_bitmask
 from nanoserve.runtime.engine.sampling_params import SamplingParams
 from nanoserve.runtime.kernels.cpu_kernels import kernels_loaded
+from nanoserve.runtime.structured.token_masks import StepMask
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,9 +31,16 @@ class SampleResult:
 
 
 def sample(
-    logits: torch.Tensor, rows: Sequence[SampleRow], generator: torch.Generator | None = None
+    logits: torch.Tensor,
+    rows: Sequence[SampleRow],
+    generator: torch.Generator | None = None,
+    mask: StepMask | None = None,
 ) -> SampleResult:
     """logits: [rows, vocab] float32 of the raw model; returns one token per row.
+
+    mask: grammar bitmasks for some rows, applied first: those rows sample (and report
+    logprobs of) the model's distribution renormalised over what their grammar allows; the
+    other rows are untouched, bit for bit.
 
     Unseeded rows draw from `generator` (the engine's own), seeded rows from theirs. What
     depends on the requests (greedy or not, which features are on) is decided on the host
@@ -39,8 +48,18 @@ def sample(
     and the results come back in one read (the only device->host transfer of a step)."""
     num_rows = logits.shape[0]
     params = [r.params for r in rows]
-    raw = logits
     device = logits.device
+    if mask is not None:
+        logits = logits.clone()
+        index = torch.tensor(mask.rows, dtype=torch.int64)
+        bits = mask.bitmask
+        if device.type != "cpu":  # host-filled: one pinned copy each
+            index, bits = (
+                index.pin_memory().to(device, non_blocking=True),
+                bits.to(device, non_blocking=True),
+            )
+        apply_token_bitmask(logits, bits, index)
+    raw = logits
     biased = any(p.logit_bias for p in params)
     penalised = any(
         p.repetition_penalty != 1.0 or p.presence_penalty or p.frequency_penalty for p in params
@@ -95,7 +114,9 @@ def sample(
     for i, w in enumerate(want):
         if w:
             line = table[i]
-            top[i] = [(int(line[2 + j]), line[2 + top_n + j]) for j in range(w)]
+            pairs = [(int(line[2 + j]), line[2 + top_n + j]) for j in range(w)]
+            # A grammar may allow fewer than w tokens: the forbidden ones are not candidates.
+            top[i] = [(t, v) for t, v in pairs if v != float("-inf")]
     return SampleResult(token_ids, [line[1] for line in table], top)
 
 

@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from nanoserve.core.errors import NanoserveError
+from nanoserve.runtime.structured.grammar_spec import GrammarSpec
 
 MAX_TOP_LOGPROBS = 20
 # A request's n samples seed their generators with seed + index (index < 64), and torch's
@@ -38,6 +39,7 @@ class SamplingParams:
     logit_bias: Mapping[int, float] = field(default_factory=dict)
     logprobs: int | None = None  # None: none; 0: the chosen token's; k: and the top k
     n: int = 1
+    grammar: GrammarSpec | None = None  # constrain the output (structured outputs, tool calls)
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -82,6 +84,8 @@ class SamplingParams:
             raise bad("stop", "must be up to 16 non-empty strings")
         if any(not _is_int(t) or t < 0 for t in self.stop_token_ids):
             raise bad("stop_token_ids", "must be non-negative integers")
+        if self.grammar is not None and not isinstance(self.grammar, GrammarSpec):
+            raise bad("grammar", "must be a GrammarSpec")
         if not isinstance(self.logit_bias, Mapping):
             raise bad("logit_bias", "must map token ids to biases")
         for token, bias in self.logit_bias.items():

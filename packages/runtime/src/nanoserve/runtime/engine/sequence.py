@@ -3,14 +3,21 @@
 from __future__ import annotations
 
 import enum
+import logging
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
 from nanoserve.core import BlockTable
 from nanoserve.runtime.engine.sampling_params import SamplingParams
 from nanoserve.runtime.text.tokenizer import IncrementalDetokenizer
+
+if TYPE_CHECKING:
+    from llguidance import LLMatcher
+
+log = logging.getLogger("nanoserve.engine")
 
 
 class Status(enum.Enum):
@@ -47,6 +54,9 @@ class Sequence:
     eos_token_ids: frozenset[int]
     generator: torch.Generator | None = None
     after: int | None = None  # a sibling whose prompt must be cached before this one starts
+    # The grammar's state after output_ids (None: unconstrained). Preemption keeps output_ids,
+    # so the state stays in step with them: a recomputed sequence resumes where it was.
+    grammar: LLMatcher | None = None
     output_ids: list[int] = field(default_factory=list)
     num_computed: int = 0
     num_cached: int = 0
@@ -78,7 +88,9 @@ class Sequence:
         return self.prompt_ids + self.output_ids
 
     def append(self, token_id: int, logprob: float | None, top: tuple | None) -> None:
-        """Take a sampled token; finish on eos, a stop token, a stop string or max_tokens."""
+        """Take a sampled token; finish on eos, a stop token, a stop string, max_tokens, or a
+        grammar that can take nothing more."""
+        grammar_done = self.grammar is not None and self._advance_grammar(token_id)
         self.output_ids.append(token_id)
         self.pending_ids.append(token_id)
         if logprob is not None:
@@ -93,13 +105,23 @@ class Sequence:
             self.text += self.detokenizer.push(token_id)
             if self._cut_stop_string():
                 return
-        if stop_token:
+        if stop_token or grammar_done:
             self.text += self.detokenizer.flush()
             self.finish("stop")
         elif len(self.output_ids) >= self.params.max_tokens:
             self.text += self.detokenizer.flush()
             if not self._cut_stop_string():
                 self.finish("length")
+
+    def _advance_grammar(self, token_id: int) -> bool:
+        """Feed the grammar; True when it has ended (it accepts only end-of-sequence now)."""
+        assert self.grammar is not None
+        if not self.grammar.consume_token(token_id):
+            # The mask allowed only tokens the grammar takes, so this is llguidance's own
+            # failure (a resource limit): end the sequence rather than sample unconstrained.
+            log.warning("grammar refused token %d: %s", token_id, self.grammar.get_error())
+            return True
+        return self.grammar.is_stopped()
 
     def _cut_stop_string(self) -> bool:
         stops = self.params.stop

@@ -22,6 +22,7 @@ from typing import Any, NoReturn, Protocol
 
 import jinja2
 import jinja2.ext
+import jinja2.meta
 import jinja2.nodes
 import jinja2.parser
 import jinja2.utils
@@ -48,7 +49,7 @@ class TemplateSource(Protocol):
 class ChatTemplate:
     """One compiled chat template, and the special-token strings templates may refer to."""
 
-    __slots__ = ("_special_tokens", "_template", "source", "text")
+    __slots__ = ("_special_tokens", "_template", "reads_tools", "source", "text")
 
     def __init__(
         self,
@@ -64,6 +65,11 @@ class ChatTemplate:
         self._special_tokens = dict(special_tokens or {})  # bos_token, eos_token, ...
         try:
             self._template = _ENVIRONMENT.from_string(text)
+            # Whether the template renders `tools` itself (Hugging Face's convention for
+            # function calling); a template that never reads them gets nanoserve's tool prompt.
+            self.reads_tools = "tools" in jinja2.meta.find_undeclared_variables(
+                _ENVIRONMENT.parse(text)
+            )
         except TemplateSyntaxError as error:
             raise ChatTemplateError(
                 self.source, f"chat template syntax error at line {error.lineno}: {error.message}"
