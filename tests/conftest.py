@@ -12,7 +12,9 @@ import torch
 # module that cannot import for want of one of these is reported as skipped, naming the package,
 # rather than failing the whole collection of `pytest -m gpu tests` there. Any other import
 # error, and any of these missing from a module that imports them lazily, still fails.
-OPTIONAL_PACKAGES = frozenset({"gguf", "litestar", "msgspec", "uvicorn", "openai"})
+OPTIONAL_PACKAGES = frozenset(
+    {"gguf", "litestar", "msgspec", "uvicorn", "openai", "llguidance", "jsonschema"}
+)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
