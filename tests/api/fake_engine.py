@@ -145,9 +145,12 @@ class FakeEngine:
 
     template_reads_tools: bool = False
     grammars: list[GrammarSpec] = field(default_factory=list)  # compile_grammar's, in turn
+    grammar_refusal: BaseException | None = None  # what compile_grammar raises
 
     async def compile_grammar(self, spec: GrammarSpec) -> None:
         self.grammars.append(spec)
+        if self.grammar_refusal is not None:
+            raise self.grammar_refusal
 
     def submit(
         self, request_id: str, prompt_ids: Sequence[int], params: SamplingParams

@@ -75,7 +75,7 @@ class ToolPlan:
                 "type": "object",
                 "properties": {
                     "name": {"const": t.function.name},
-                    "arguments": t.function.parameters or {"type": "object"},
+                    "arguments": _closed(t.function.parameters),
                 },
                 "required": ["name", "arguments"],
                 "additionalProperties": False,
@@ -153,6 +153,15 @@ def _choice(
     return "function", name
 
 
+def _closed(parameters: dict[str, Any] | None) -> dict[str, Any]:
+    """The arguments' schema as constrained: only the declared parameters, unless the schema
+    itself says `additionalProperties` (JSON Schema's default, open, lets a small model pad
+    the arguments with keys copied from the tool description)."""
+    schema = dict(parameters or {"type": "object", "properties": {}})
+    schema.setdefault("additionalProperties", False)
+    return schema
+
+
 def _function_dict(tool: Tool) -> dict[str, Any]:
     f = tool.function
     out: dict[str, Any] = {"name": f.name}
@@ -216,6 +225,8 @@ def parse_tool_calls(text: str, plan: ToolPlan) -> tuple[str | None, list[ToolCa
             continue  # not ours: it stays in the content
         kept.append(text[at : match.start()])
         at = match.end()
+        while text[at : at + 1] == "\n":  # the line break after a call is not content
+            at += 1
         calls.append(ToolCall(id=new_call_id(), function=call))
     kept.append(text[at:])
     content = "".join(kept)
