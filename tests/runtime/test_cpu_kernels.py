@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from nanoserve.core.token_bitmask import apply_token_bitmask
 from nanoserve.runtime.errors import KernelBuildError
 from nanoserve.runtime.kernels import cpu_kernels
 from nanoserve.runtime.kernels.cpu_kernels import ISAS, CpuKernels, load_cpu_kernels
@@ -164,6 +165,24 @@ def test_argmax_is_torchs_first_maximum_on_every_isa(runnable_isas: list[str], w
     x[4, width // 3] = float("nan")  # torch: the first NaN
     x[4, -1] = float("nan")
     x[5, -1] = float("-inf")
+    x[6, : width - 1] = float("-inf")  # a row a grammar masked: one token left
     results = on_every_isa(runnable_isas, lambda: ops.argmax(x))
     for isa, picked in results.items():
         assert torch.equal(picked, x.argmax(-1)), isa
+
+
+@pytest.mark.parametrize("vocab", [1, 31, 32, 70, 49152])
+def test_bitmask_kernel_is_cores_masking(vocab: int) -> None:
+    """Every word kind: all ones (skipped), all zeros (filled), mixed; and tokens past the mask."""
+    load_cpu_kernels()
+    g = torch.Generator().manual_seed(vocab)
+    logits = torch.randn(5, vocab, generator=g)
+    words = max(1, (vocab - 1) // 32)  # one word short where it can be: the tail is forbidden
+    bitmask = torch.randint(-(2**31), 2**31 - 1, (3, words), dtype=torch.int32, generator=g)
+    bitmask[0, ::2] = -1
+    bitmask[1, ::3] = 0
+    rows = torch.tensor([4, 0, 2])
+    expected = logits.clone()
+    apply_token_bitmask(expected, bitmask, rows)
+    ops.apply_token_bitmask(logits, bitmask, rows)
+    assert torch.equal(logits, expected)

@@ -12,6 +12,7 @@ import math
 
 import jsonschema
 import pytest
+import torch
 
 from nanoserve.runtime.engine.engine import Engine
 from nanoserve.runtime.engine.sampling_params import SamplingParams
@@ -66,7 +67,12 @@ def test_greedy_and_sampled_outputs_follow_the_schema(make_tiny_engine) -> None:
         jsonschema.validate(json.loads(entry["text"]), SCHEMA)
 
 
-def test_unconstrained_rows_are_bit_identical_beside_constrained_ones(make_tiny_engine) -> None:
+@pytest.mark.parametrize(
+    "form", [{}, {"dtype": torch.bfloat16, "quantize": "q4"}], ids=["fp32-torch", "q4-kernels"]
+)
+def test_unconstrained_rows_are_bit_identical_beside_constrained_ones(
+    make_tiny_engine, form: dict
+) -> None:
     free = {
         f"f{i}": (p, SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True, logprobs=3))
         for i, p in enumerate(PROMPTS)
@@ -75,11 +81,11 @@ def test_unconstrained_rows_are_bit_identical_beside_constrained_ones(make_tiny_
         PROMPTS[0],
         SamplingParams(max_tokens=20, temperature=1.0, seed=7, logprobs=0),
     )
-    alone = run(make_tiny_engine(), free)
+    alone = run(make_tiny_engine(**form), free)
     constrained = {
         f"c{i}": (p, schema_params(temperature=1.0, seed=i)) for i, p in enumerate(PROMPTS)
     }
-    mixed = run(make_tiny_engine(), free | constrained)
+    mixed = run(make_tiny_engine(**form), free | constrained)
     for key, entry in alone.items():
         assert mixed[key]["ids"] == entry["ids"]
         assert mixed[key]["lp"] == entry["lp"]  # bit for bit

@@ -343,8 +343,15 @@ void silu_mul(const float* gate_up, float* out, int64_t half, int64_t r0, int64_
 // -- greedy picking ------------------------------------------------------------------------
 
 // Per row, the index of the first maximum, and torch's rule for NaN (the first NaN wins): a
-// vector max, then the first position equal to it. v - v is NaN only for NaN and infinities,
-// so the scan for a NaN runs only on rows that may hold one.
+// vector max, then the first position equal to it. min(FLT_MAX, |v|) keeps a NaN (both ISAs
+// and the portable path return the second operand when unordered) and turns an infinity into
+// FLT_MAX, so c - c is NaN only for a NaN: the scan for one runs only on rows that hold one,
+// not on every row a grammar masked with -inf.
+inline F16 nan_marker(F16 v) {
+  const F16 c = f_min(f_set1(std::numeric_limits<float>::max()), f_abs(v));
+  return f_sub(c, c);
+}
+
 void argmax_rows(const float* x, int64_t k, int64_t* out, int64_t r0, int64_t r1) {
   for (int64_t r = r0; r < r1; ++r) {
     const float* row = x + r * k;
@@ -356,10 +363,10 @@ void argmax_rows(const float* x, int64_t k, int64_t* out, int64_t r0, int64_t r1
       for (c = 16; c + 16 <= k; c += 16) {
         const F16 v = f_load(row + c);
         tops = f_max(tops, v);
-        odd = f_add(odd, f_sub(v, v));
+        odd = f_add(odd, nan_marker(v));
       }
       top = f_hmax(tops);
-      const float first_sum = f_hsum(f_add(odd, f_sub(f_load(row), f_load(row))));
+      const float first_sum = f_hsum(f_add(odd, nan_marker(f_load(row))));
       suspect = first_sum != first_sum;
     }
     for (; c < k; ++c) {

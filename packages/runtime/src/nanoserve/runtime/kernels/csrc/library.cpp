@@ -9,6 +9,8 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <cstdint>
+#include <limits>
 #include <atomic>
 #include <string>
 #include <vector>
@@ -256,6 +258,40 @@ at::Tensor argmax(const at::Tensor& x) {
   return out;
 }
 
+// In place: logits[rows[i], t] = -inf wherever bit t % 32 of word t / 32 of bitmask[i] is clear,
+// and for every t past the mask. A word of all ones (most words, inside a JSON string) is one
+// compare, one of all zeros (most words elsewhere) one fill; torch's unpack-and-fill reads and
+// writes 40 bytes per token for the same result.
+void apply_token_bitmask(at::Tensor logits, const at::Tensor& bitmask, const at::Tensor& rows) {
+  TORCH_CHECK(logits.device().is_cpu() && logits.scalar_type() == at::kFloat && logits.dim() == 2 &&
+                  logits.is_contiguous(),
+              "apply_token_bitmask takes contiguous 2-D float32 CPU logits, got ", logits.sizes());
+  TORCH_CHECK(bitmask.scalar_type() == at::kInt && bitmask.dim() == 2 && bitmask.is_contiguous() &&
+                  rows.scalar_type() == at::kLong && rows.dim() == 1 && rows.size(0) == bitmask.size(0),
+              "apply_token_bitmask takes an int32 [k, words] bitmask and int64 [k] rows");
+  const int64_t vocab = logits.size(1), words = bitmask.size(1), batch = logits.size(0);
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+  const int64_t* row = rows.data_ptr<int64_t>();
+  for (int64_t i = 0; i < rows.size(0); ++i) {
+    TORCH_CHECK(row[i] >= 0 && row[i] < batch, "apply_token_bitmask: row ", row[i], " outside ", batch);
+    float* out = logits.data_ptr<float>() + row[i] * vocab;
+    const uint32_t* mask = reinterpret_cast<const uint32_t*>(bitmask.data_ptr<int32_t>()) + i * words;
+    const int64_t covered = std::min(vocab, words * 32);
+    for (int64_t w = 0; w * 32 < covered; ++w) {
+      const uint32_t bits = mask[w];
+      if (bits == 0xFFFFFFFFu) continue;
+      const int64_t end = std::min<int64_t>(32, covered - w * 32);
+      if (bits == 0) {  // outside a string most words forbid all 32: a vectorised fill
+        std::fill_n(out + w * 32, end, neg_inf);
+        continue;
+      }
+      for (int64_t b = 0; b < end; ++b)
+        if (!((bits >> b) & 1u)) out[w * 32 + b] = neg_inf;
+    }
+    for (int64_t t = covered; t < vocab; ++t) out[t] = neg_inf;
+  }
+}
+
 // -- the ISA ---------------------------------------------------------------------------------
 
 std::string kernel_isa() { return table()->name; }
@@ -289,6 +325,7 @@ TORCH_LIBRARY(nanoserve, m) {
   m.def("add_rms_norm(Tensor(a!) x, Tensor delta, Tensor w, float eps) -> Tensor");
   m.def("silu_mul(Tensor gate_up) -> Tensor");
   m.def("argmax(Tensor x) -> Tensor");
+  m.def("apply_token_bitmask(Tensor(a!) logits, Tensor bitmask, Tensor rows) -> ()");
   m.def("kernel_isa() -> str", nanoserve::kernel_isa);
   m.def("best_isa() -> str", nanoserve::best_isa);
   m.def("force_isa(str name) -> str", nanoserve::force_isa);
@@ -303,4 +340,5 @@ TORCH_LIBRARY_IMPL(nanoserve, CPU, m) {
   m.impl("add_rms_norm", nanoserve::add_rms_norm);
   m.impl("silu_mul", nanoserve::silu_mul);
   m.impl("argmax", nanoserve::argmax);
+  m.impl("apply_token_bitmask", nanoserve::apply_token_bitmask);
 }
