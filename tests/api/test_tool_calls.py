@@ -67,15 +67,79 @@ def test_any_split_of_a_stream_gives_the_whole_answer(pieces: list[str], data) -
         content += piece
         args += [(d.index, d.function.arguments) for d in deltas if d.function.name is None]
     whole_content, calls = parse_tool_calls(text, PLAN)
-    if whole_content is None:  # only calls and whitespace: the stream may have sent the latter
-        assert not content.strip()
-    else:
-        assert content == whole_content
+    assert content == (whole_content or "")
     assert args == [(i, c.function.arguments) for i, c in enumerate(calls)]
 
 
 def test_required_with_several_tools_is_any_of_their_calls() -> None:
     grammar = plan_tools(TOOLS, "required", None).grammar()
     assert grammar is not None and grammar.text.startswith("start: call\n")
-    assert '"anyOf"' in grammar.text and '"const": "sub"' in grammar.text
+    assert "call: call_0 | call_1\n" in grammar.text and '"const": "sub"' in grammar.text
     assert plan_tools(TOOLS, "auto", None).grammar() is None
+
+
+def test_a_call_name_that_is_not_a_string_is_text() -> None:
+    text = '<tool_call>{"name": ["add"], "arguments": {}}</tool_call>'
+    assert parse_tool_calls(text, PLAN) == (text, [])
+    deep = "<tool_call>" + "[" * 100_000 + "</tool_call>"
+    assert parse_tool_calls(deep, PLAN) == (deep, [])
+
+
+def test_parameters_with_defs_move_to_the_root() -> None:
+    """$defs move to the root of the call's document, where `#/$defs/...` points."""
+    params = {
+        "type": "object",
+        "properties": {"where": {"$ref": "#/$defs/Place"}},
+        "required": ["where"],
+        "$defs": {"Place": {"type": "object", "properties": {"city": {"type": "string"}}}},
+    }
+    tool = Tool(type="function", function=FunctionDefinition(name="go", parameters=params))
+    grammar = plan_tools([tool], "required", None).grammar()
+    assert grammar is not None
+    body = grammar.text.split("%json ", 1)[1].rsplit(' "</tool_call>"', 1)[0]
+    document = json.loads(body)
+    assert document["$defs"] == params["$defs"]
+    assert "$defs" not in document["properties"]["arguments"]
+
+
+def test_the_required_grammar_compiles_and_takes_a_call_with_refs() -> None:
+    """On the embedded model's tokenizer, llguidance compiles the tool grammar and accepts a call
+    whose arguments go through a `$ref`."""
+    from nanoserve.runtime.loading.checkpoint import load_checkpoint
+    from nanoserve.runtime.loading.embedded import embedded_model_path
+    from nanoserve.runtime.structured.grammar_compiler import GrammarCompiler
+
+    tokenizer = load_checkpoint(embedded_model_path()).tokenizer
+    params = {
+        "type": "object",
+        "properties": {"where": {"$ref": "#/$defs/Place"}},
+        "required": ["where"],
+        "$defs": {
+            "Place": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}},
+                "required": ["city"],
+                "additionalProperties": False,
+            }
+        },
+    }
+    tools = [
+        *TOOLS,
+        Tool(type="function", function=FunctionDefinition(name="go", parameters=params)),
+    ]
+    grammar = plan_tools(tools, "required", True).grammar()
+    assert grammar is not None
+    matcher = GrammarCompiler(tokenizer, vocab_size=49152, eos_token_ids=[2]).matcher(grammar)
+    text = (
+        '<tool_call>{"name": "go", "arguments": {"where": {"city": "Oslo"}}}</tool_call>\n'
+        '<tool_call>{"name": "sub", "arguments": {}}</tool_call>'
+    )
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    assert matcher.try_consume_tokens(ids) == len(ids)
+    assert matcher.is_accepting()
+    bad = tokenizer.encode(
+        '<tool_call>{"name": "go", "arguments": {"where": 1', add_special_tokens=False
+    )
+    assert GrammarCompiler(tokenizer, vocab_size=49152, eos_token_ids=[2]).matcher(
+        grammar
+    ).try_consume_tokens(bad) < len(bad)

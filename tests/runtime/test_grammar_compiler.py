@@ -92,3 +92,13 @@ def test_the_cache_is_bounded(tiny_llama_checkpoint) -> None:
     assert compiler.stats().cached == 2
     compiler.compile(GrammarSpec("regex", "a"))  # evicted first: compiled again
     assert compiler.stats().compiled == 4
+
+
+def test_a_tokenizer_llguidance_cannot_read_is_one_cached_refusal(tiny_llama_checkpoint) -> None:
+    # A vocabulary smaller than the tokenizer's: llguidance refuses to build its side.
+    compiler = GrammarCompiler(tiny_llama_checkpoint.tokenizer, vocab_size=100, eos_token_ids=[2])
+    for _ in range(2):
+        with pytest.raises(GrammarError, match="unavailable for this model") as caught:
+            compiler.compile(GrammarSpec("regex", "a", "structured_outputs"))
+        assert caught.value.field == "structured_outputs"
+    assert compiler._ll_tokenizer is None and compiler.stats().compiled == 0

@@ -199,3 +199,43 @@ def test_incomplete_utf8_is_held_until_complete(
     seq = make_seq(max_tokens=10)
     out = feed(seq, hug)
     assert [d[0] for d in out] == [" ", "", "🤗"]
+
+
+class _Grammar:
+    """A stand-in matcher: takes `accepts` tokens, then fails (or stops, with stop_after)."""
+
+    def __init__(self, accepts: int, *, fail: bool) -> None:
+        self.left, self.fail = accepts, fail
+        self.failed = False
+
+    def consume_token(self, token_id: int) -> bool:
+        self.left -= 1
+        self.failed = self.fail and self.left < 0
+        return not self.failed
+
+    def is_error(self) -> bool:
+        return self.failed
+
+    def is_stopped(self) -> bool:
+        return not self.fail and self.left <= 0
+
+    def get_error(self) -> str:
+        return "resource limit"
+
+
+def test_a_grammar_that_fails_aborts_and_drops_the_token(make_seq) -> None:
+    seq = make_seq(max_tokens=10)
+    seq.grammar = _Grammar(2, fail=True)
+    for token in (104, 105, 106):
+        seq.append(token, None, None)
+    assert seq.output_ids == [104, 105]  # the refused token is not the answer's
+    assert seq.finish_reason == "abort"
+
+
+def test_a_grammar_that_ends_finishes_with_stop_at_once(make_seq) -> None:
+    seq = make_seq(max_tokens=10)
+    seq.grammar = _Grammar(2, fail=False)
+    seq.append(104, None, None)
+    assert not seq.finished
+    seq.append(105, None, None)
+    assert seq.finish_reason == "stop" and seq.output_ids == [104, 105]

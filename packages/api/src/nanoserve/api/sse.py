@@ -17,7 +17,13 @@ from nanoserve.api.response_builders import (
     echo_prefixes,
     usage,
 )
-from nanoserve.api.schemas import ChatChunkChoice, ChatDelta, CompletionChoice, encode
+from nanoserve.api.schemas import (
+    ChatChunkChoice,
+    ChatDelta,
+    CompletionChoice,
+    ToolCallDelta,
+    encode,
+)
 from nanoserve.api.tool_calls import ToolCallStream
 from nanoserve.api.translate import ChatInputs, CompletionInputs
 
@@ -104,13 +110,18 @@ async def chat_events(
                     list(delta.logprobs),
                     list(delta.top_logprobs or ()),
                 )
-            choice = ChatChunkChoice(
-                index=delta.index,
-                delta=ChatDelta(content=text or None, tool_calls=calls),
-                logprobs=logprobs,
-                finish_reason=finish,
-            )
-            yield event(answer.chat_chunk([choice]))
+            # A call's deltas go one to a chunk, as OpenAI sends them; the content and the
+            # logprobs go with the first, the finish reason with the last.
+            parts: list[list[ToolCallDelta] | None] = [[c] for c in calls] if calls else [None]
+            for k, part in enumerate(parts):
+                last = k == len(parts) - 1
+                choice = ChatChunkChoice(
+                    index=delta.index,
+                    delta=ChatDelta(content=(text or None) if k == 0 else None, tool_calls=part),
+                    logprobs=logprobs if k == 0 else None,
+                    finish_reason=finish if last else None,
+                )
+                yield event(answer.chat_chunk([choice]))
         if inputs.include_usage:
             yield event(answer.chat_chunk([], usage(len(inputs.prompt_ids), completion, cached)))
         yield {"data": DONE}

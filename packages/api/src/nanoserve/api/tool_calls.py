@@ -34,7 +34,7 @@ from nanoserve.runtime.structured.grammar_spec import JSON_OPTIONS, GrammarSpec
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 _CALL = re.compile(re.escape(OPEN) + r"\s*(.*?)\s*" + re.escape(CLOSE), re.DOTALL)
-_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 
 DEFAULT_TOOL_PROMPT = (
     "You can call functions to answer. The functions, as JSON schemas:\n"
@@ -67,28 +67,40 @@ class ToolPlan:
         ]
 
     def grammar(self) -> GrammarSpec | None:
-        """For "required" or a named function: calls only, arguments per their schemas."""
+        """For "required" or a named function: calls only, arguments per their schemas. Each
+        function is a rule of its own, its schema a `%json` document of its own, so the `$ref`s
+        of its parameters (`#/$defs/...`, as Pydantic writes them) resolve in its document."""
         if self.choice not in ("required", "function"):
             return None
-        calls = [
-            {
-                "type": "object",
-                "properties": {
-                    "name": {"const": t.function.name},
-                    "arguments": _closed(t.function.parameters),
-                },
-                "required": ["name", "arguments"],
-                "additionalProperties": False,
-            }
-            for t in self.tools
-            if self.choice == "required" or t.function.name == self.function
+        tools = [
+            t for t in self.tools if self.choice == "required" or t.function.name == self.function
         ]
-        schema: dict[str, Any] = calls[0] if len(calls) == 1 else {"anyOf": calls}
-        schema = {**schema, "x-guidance": JSON_OPTIONS}
-        call = f'call: "{OPEN}" %json {json.dumps(schema)} "{CLOSE}"\n'
-        if self.parallel and self.choice == "required":
-            return GrammarSpec("lark", f'start: call ("\\n" call)*\n{call}', source="tools")
-        return GrammarSpec("lark", f"start: call\n{call}", source="tools")
+        rules = [
+            f'call_{i}: "{OPEN}" %json {json.dumps(_call_schema(t))} "{CLOSE}"'
+            for i, t in enumerate(tools)
+        ]
+        call = "call: " + " | ".join(f"call_{i}" for i in range(len(tools)))
+        start = (
+            'start: call ("\\n" call)*'
+            if self.parallel and self.choice == "required"
+            else "start: call"
+        )
+        return GrammarSpec("lark", "\n".join([start, call, *rules]) + "\n", source="tools")
+
+
+def _call_schema(tool: Tool) -> dict[str, Any]:
+    """One call's JSON: its name, and its arguments per the parameters' schema, whose
+    definitions move to the document's root where their references point."""
+    arguments = _closed(tool.function.parameters)
+    hoisted = {k: arguments.pop(k) for k in ("$defs", "definitions") if k in arguments}
+    return {
+        "type": "object",
+        "properties": {"name": {"const": tool.function.name}, "arguments": arguments},
+        "required": ["name", "arguments"],
+        "additionalProperties": False,
+        **hoisted,
+        "x-guidance": JSON_OPTIONS,
+    }
 
 
 def plan_tools(
@@ -103,7 +115,7 @@ def plan_tools(
                 400, f"tools[{i}].type must be 'function', got {tool.type!r}", param="tools"
             )
         name = tool.function.name
-        if not _NAME.match(name):
+        if not _NAME.fullmatch(name):
             raise APIError(
                 400,
                 f"tools[{i}].function.name {name!r} must be 1-64 letters, digits, '_', '.' or '-'",
@@ -198,15 +210,18 @@ def parse_call(body: str, names: set[str]) -> FunctionCall | None:
     """One `<tool_call>` body as a call, or None when it is not one of ours."""
     try:
         value = json.loads(body)
-    except json.JSONDecodeError:
+    except (json.JSONDecodeError, RecursionError):  # the model's text: anything at all
         return None
-    if not isinstance(value, dict) or value.get("name") not in names:
+    if not isinstance(value, dict):
+        return None
+    name = value.get("name")
+    if not isinstance(name, str) or name not in names:
         return None
     arguments = value.get("arguments", {})
     if isinstance(arguments, str):  # some models write the arguments as JSON text
         try:
             arguments = json.loads(arguments)
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):
             return None
     if not isinstance(arguments, dict):
         return None
@@ -247,8 +262,23 @@ class ToolCallStream:
         self._buffer = ""
         self.num_calls = 0
         self._after_call = False  # the newline that separates calls is not content
+        self._held = ""  # leading whitespace, not yet known to be content
+        self._spoke = False  # whether non-whitespace content has been sent
 
     def push(self, text: str, *, final: bool = False) -> tuple[str, list[ToolCallDelta]]:
+        content, deltas = self._push(text, final=final)
+        # Until some content is more than whitespace it is held: an answer of calls and
+        # whitespace has no content at all (as `parse_tool_calls` says, content None).
+        if not self._spoke:
+            self._held += content
+            content = ""
+            if self._held.strip():
+                content, self._held, self._spoke = self._held, "", True
+            elif final:
+                content = "" if self.num_calls else self._held
+        return content, deltas
+
+    def _push(self, text: str, *, final: bool) -> tuple[str, list[ToolCallDelta]]:
         self._buffer += text
         if self._after_call and self._buffer:
             self._buffer = self._buffer.lstrip("\n")

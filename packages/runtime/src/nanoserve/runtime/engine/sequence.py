@@ -89,8 +89,12 @@ class Sequence:
 
     def append(self, token_id: int, logprob: float | None, top: tuple | None) -> None:
         """Take a sampled token; finish on eos, a stop token, a stop string, max_tokens, or a
-        grammar that can take nothing more."""
-        grammar_done = self.grammar is not None and self._advance_grammar(token_id)
+        grammar that can take nothing more (abort on a grammar that failed)."""
+        grammar_done = False
+        if self.grammar is not None:
+            if not self._advance_grammar(token_id):
+                return
+            grammar_done = self.grammar.is_stopped()
         self.output_ids.append(token_id)
         self.pending_ids.append(token_id)
         if logprob is not None:
@@ -114,14 +118,17 @@ class Sequence:
                 self.finish("length")
 
     def _advance_grammar(self, token_id: int) -> bool:
-        """Feed the grammar; True when it has ended (it accepts only end-of-sequence now)."""
+        """Feed the grammar the token; False (and the sequence aborted, the token dropped) when
+        llguidance has failed. The mask allowed only tokens the grammar takes, so that is its
+        own failure (a resource limit), after which its masks allow only end-of-sequence: the
+        answer would end looking whole. "abort" says it did not."""
         assert self.grammar is not None
-        if not self.grammar.consume_token(token_id):
-            # The mask allowed only tokens the grammar takes, so this is llguidance's own
-            # failure (a resource limit): end the sequence rather than sample unconstrained.
-            log.warning("grammar refused token %d: %s", token_id, self.grammar.get_error())
+        if self.grammar.consume_token(token_id) and not self.grammar.is_error():
             return True
-        return self.grammar.is_stopped()
+        log.warning("grammar failed at token %d: %s", token_id, self.grammar.get_error())
+        self.text += self.detokenizer.flush()
+        self.finish("abort")
+        return False
 
     def _cut_stop_string(self) -> bool:
         stops = self.params.stop

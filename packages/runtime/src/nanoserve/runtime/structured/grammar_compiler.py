@@ -55,8 +55,26 @@ class GrammarCompiler:
         self._cache: OrderedDict[tuple[str, str], llguidance.LLMatcher] = OrderedDict()
         self._lock = threading.Lock()
         self._ll_tokenizer: llguidance.LLTokenizer | None = None
+        self._unavailable: str | None = None  # why there is no tokenizer side, once known
         self._compiled = self._hits = 0
         self._seconds = 0.0
+
+    def _tokenizer_for(self, spec: GrammarSpec) -> llguidance.LLTokenizer:
+        """The tokenizer side, or the one GrammarError that says why there is none (kept: a
+        tokenizer llguidance cannot read is not retried on every request)."""
+        if self._unavailable is None:
+            try:
+                return self.ll_tokenizer
+            except ImportError:
+                self._unavailable = "structured outputs need llguidance, which is not installed"
+            except BaseException as error:  # a Rust panic is a BaseException
+                if isinstance(error, (KeyboardInterrupt, SystemExit)):
+                    raise
+                self._unavailable = (
+                    "structured outputs are unavailable for this model: llguidance cannot read"
+                    f" its tokenizer ({_first_line(str(error))})"
+                )
+        raise GrammarError(spec.source, self._unavailable)
 
     @property
     def ll_tokenizer(self) -> llguidance.LLTokenizer:
@@ -76,12 +94,7 @@ class GrammarCompiler:
                 self._cache.move_to_end(spec.key)
                 self._hits += 1
                 return found
-        try:
-            tokenizer = self.ll_tokenizer
-        except ImportError:
-            raise GrammarError(
-                spec.source, "structured outputs need llguidance, which is not installed"
-            ) from None
+        tokenizer = self._tokenizer_for(spec)
         started = time.perf_counter()
         matcher = _llguidance().LLMatcher(tokenizer, _llguidance_grammar(spec), log_level=0)
         elapsed = time.perf_counter() - started

@@ -266,9 +266,10 @@ void apply_token_bitmask(at::Tensor logits, const at::Tensor& bitmask, const at:
   TORCH_CHECK(logits.device().is_cpu() && logits.scalar_type() == at::kFloat && logits.dim() == 2 &&
                   logits.is_contiguous(),
               "apply_token_bitmask takes contiguous 2-D float32 CPU logits, got ", logits.sizes());
-  TORCH_CHECK(bitmask.scalar_type() == at::kInt && bitmask.dim() == 2 && bitmask.is_contiguous() &&
+  TORCH_CHECK(bitmask.device().is_cpu() && bitmask.scalar_type() == at::kInt && bitmask.dim() == 2 &&
+                  bitmask.is_contiguous() && rows.device().is_cpu() && rows.is_contiguous() &&
                   rows.scalar_type() == at::kLong && rows.dim() == 1 && rows.size(0) == bitmask.size(0),
-              "apply_token_bitmask takes an int32 [k, words] bitmask and int64 [k] rows");
+              "apply_token_bitmask takes a contiguous int32 [k, words] bitmask and int64 [k] rows, on the CPU");
   const int64_t vocab = logits.size(1), words = bitmask.size(1), batch = logits.size(0);
   const float neg_inf = -std::numeric_limits<float>::infinity();
   const int64_t* row = rows.data_ptr<int64_t>();
