@@ -89,7 +89,8 @@ class FakeStream:
         return self
 
     async def __anext__(self) -> Delta:
-        await asyncio.sleep(0)  # a step boundary: other requests' tasks run between deltas
+        # A step boundary: other requests' tasks run between deltas (a slow engine's steps).
+        await asyncio.sleep(self._owner.step_seconds)
         if not self._items:
             await self.aclose()
             raise StopAsyncIteration
@@ -143,6 +144,7 @@ class FakeEngine:
     def default_max_tokens(self, prompt_len: int) -> int:
         return max(1, min(self.max_model_len, POOL.num_slots) - prompt_len)
 
+    step_seconds: float = 0.0  # between deltas: a slow engine
     template_reads_tools: bool = False
     grammars: list[GrammarSpec] = field(default_factory=list)  # compile_grammar's, in turn
     grammar_refusal: BaseException | None = None  # what compile_grammar raises

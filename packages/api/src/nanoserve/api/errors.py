@@ -22,6 +22,7 @@ _TYPES = {
     401: "authentication_error",
     404: "not_found_error",
     405: "invalid_request_error",
+    408: "timeout_error",
     413: "invalid_request_error",
     415: "invalid_request_error",
     429: "rate_limit_error",
@@ -59,10 +60,17 @@ def error_response(
     retry_after: int | None = None,
 ) -> Response[ErrorResponse]:
     headers = {"Retry-After": str(retry_after)} if retry_after is not None else None
-    body = ErrorResponse(
+    body = error_body(status, message, param=param, code=code)
+    return Response(body, status_code=status, headers=headers)
+
+
+def error_body(
+    status: int, message: str, *, param: str | None = None, code: str | None = None
+) -> ErrorResponse:
+    """OpenAI's error object: a response's body, or a stream's last event."""
+    return ErrorResponse(
         error=ErrorInfo(message=message, type=_TYPES.get(status, "error"), param=param, code=code)
     )
-    return Response(body, status_code=status, headers=headers)
 
 
 def handle_api_error(_: Request, error: APIError) -> Response[ErrorResponse]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator, Sequence
 
 from litestar import Request
@@ -23,8 +24,11 @@ class MergedStream:
     """Deltas of several engine requests as one stream. Each was validated and queued when
     submitted, so refusals (a full queue, a bad prompt) surfaced before any byte was sent."""
 
-    def __init__(self, streams: list[DeltaStream]) -> None:
+    def __init__(self, streams: list[DeltaStream], timeout: float | None = None) -> None:
         self._streams = streams
+        # --request-timeout: past it the answer is an error and the requests are aborted.
+        self._deadline = None if timeout is None else time.monotonic() + timeout
+        self._timeout = timeout
         self._queue: asyncio.Queue[tuple[int, Delta] | BaseException | None] = asyncio.Queue()
         self._tasks: list[asyncio.Task[None]] = []
         self._live = len(streams)
@@ -35,6 +39,8 @@ class MergedStream:
         engine: EngineClient,
         requests: Sequence[tuple[str, Sequence[int]]],
         params: SamplingParams,
+        *,
+        timeout: float | None = None,
     ) -> MergedStream:
         """Submit every (request id, prompt ids) and start merging. A refusal of any (a full
         queue, a bad prompt) closes those already submitted, so none is left running."""
@@ -46,7 +52,7 @@ class MergedStream:
             for stream in streams:
                 await stream.aclose()
             raise
-        merged = cls(streams)
+        merged = cls(streams, timeout)
         merged.start()
         return merged
 
@@ -66,13 +72,27 @@ class MergedStream:
     async def __aiter__(self) -> AsyncIterator[tuple[int, Delta]]:
         live = self._live
         while live:
-            item = await self._queue.get()
+            item = await self._next()
             if item is None:
                 live -= 1
                 continue
             if isinstance(item, BaseException):
                 raise item
             yield item
+
+    async def _next(self) -> tuple[int, Delta] | BaseException | None:
+        if self._deadline is None:
+            return await self._queue.get()
+        try:
+            return await asyncio.wait_for(
+                self._queue.get(), timeout=max(0.0, self._deadline - time.monotonic())
+            )
+        except TimeoutError:
+            raise APIError(
+                408,
+                f"the request ran past the server's --request-timeout of {self._timeout:g} s",
+                code="request_timeout",
+            ) from None
 
     async def drain(self, request: Request) -> list[tuple[int, Delta]]:
         """Every delta, for a non-streamed answer. A client that disconnects first aborts the

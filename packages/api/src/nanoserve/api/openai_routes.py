@@ -63,7 +63,8 @@ class OpenAIController(Controller):
         answer = Answer.new("cmpl", engine)
         # One engine request per prompt, each running params.n samples.
         requests = [(f"{answer.id}-{i}", p.token_ids) for i, p in enumerate(inputs.prompts)]
-        merged = await MergedStream.submit(engine, requests, inputs.params)
+        timeout = server.settings.request_timeout
+        merged = await MergedStream.submit(engine, requests, inputs.params, timeout=timeout)
         if data.stream:
             return ServerSentEvent(completion_events(answer, inputs, merged))
         return Response(completion_response(answer, inputs, await merged.drain(request)))
@@ -78,7 +79,8 @@ class OpenAIController(Controller):
             await engine.compile_grammar(inputs.params.grammar)
         answer = Answer.new("chatcmpl", engine)
         requests = [(answer.id, inputs.prompt_ids)]
-        merged = await MergedStream.submit(engine, requests, inputs.params)
+        timeout = server.settings.request_timeout
+        merged = await MergedStream.submit(engine, requests, inputs.params, timeout=timeout)
         if data.stream:
             return ServerSentEvent(chat_events(answer, inputs, merged))
         return Response(chat_response(answer, inputs, await merged.drain(request)))

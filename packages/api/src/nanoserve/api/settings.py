@@ -29,6 +29,20 @@ def parse_bytes(text: str) -> int:
     return int(number * (base**power if unit and unit[0] != "b" else 1))
 
 
+def parse_seconds(text: str) -> float | None:
+    """'30', '2.5' -> seconds; '0', 'off' or '' -> None (no deadline)."""
+    lowered = str(text).strip().lower()
+    if lowered in ("", "0", "off", "none"):
+        return None
+    try:
+        seconds = float(lowered)
+    except ValueError:
+        raise EngineConfigError(f"{text!r} is not a number of seconds") from None
+    if not seconds > 0 or seconds == float("inf"):
+        raise EngineConfigError(f"{text!r}: a timeout must be a positive number of seconds")
+    return seconds
+
+
 def parse_bool(text: str) -> bool:
     lowered = str(text).strip().lower()
     if lowered in ("1", "true", "yes", "on"):
@@ -98,8 +112,15 @@ OPTIONS: tuple[Option, ...] = (
     Option("--api-key", "api_key", str, "require Authorization: Bearer KEY"),
     Option("--max-body-bytes", "max_body_bytes", parse_bytes, "request body limit (413)"),
     Option("--grace-seconds", "grace_seconds", float, "shutdown grace for in-flight requests"),
+    Option(
+        "--request-timeout",
+        "request_timeout",
+        parse_seconds,
+        "seconds a request may run, first byte to last; past it, an error and its blocks freed"
+        " (default off)",
+    ),
 )
-_SERVER_FIELDS = {"api_key", "max_body_bytes", "grace_seconds", "capture"}
+_SERVER_FIELDS = {"api_key", "max_body_bytes", "grace_seconds", "capture", "request_timeout"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +129,7 @@ class ServerSettings:
     api_key: str | None = None
     max_body_bytes: int = 1 << 20
     grace_seconds: float = 10.0
+    request_timeout: float | None = None  # seconds; None: no deadline
 
     @classmethod
     def from_values(cls, values: Mapping[str, object]) -> ServerSettings:

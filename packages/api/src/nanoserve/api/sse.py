@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
+from nanoserve.api.errors import APIError, error_body
 from nanoserve.api.merged_stream import MergedStream
 from nanoserve.api.response_builders import (
     Answer,
@@ -33,6 +34,12 @@ Event = dict[str, str]  # what Litestar's ServerSentEvent frames as `data: ...`
 
 def event(data: object) -> Event:
     return {"data": encode(data).decode()}
+
+
+def error_event(error: APIError) -> Event:
+    """A stream that cannot go on (past --request-timeout) ends with OpenAI's error object as
+    its last event before [DONE]; the `openai` client raises it."""
+    return event(error_body(error.status, error.message, param=error.param, code=error.code))
 
 
 def completion_events(
@@ -73,9 +80,11 @@ async def _completion_events(
             yield event(answer.completion([choice]))
         if inputs.include_usage:
             yield event(answer.completion([], usage(inputs.prompt_tokens, completion, cached)))
-        yield {"data": DONE}
+    except APIError as error:
+        yield error_event(error)
     finally:
         await merged.close()
+    yield {"data": DONE}
 
 
 async def chat_events(
@@ -124,6 +133,8 @@ async def chat_events(
                 yield event(answer.chat_chunk([choice]))
         if inputs.include_usage:
             yield event(answer.chat_chunk([], usage(len(inputs.prompt_ids), completion, cached)))
-        yield {"data": DONE}
+    except APIError as error:
+        yield error_event(error)
     finally:
         await merged.close()
+    yield {"data": DONE}
