@@ -131,6 +131,7 @@ class FakeEngine:
     num_pending: int = 0
     tokenizer: FakeTokenizer = field(default_factory=FakeTokenizer)
     observer: Callable[[RequestTimes], None] | None = None
+    on_fatal: Callable[[BaseException], None] | None = None
     submitted: list[Submitted] = field(default_factory=list)
     closed: list[str] = field(default_factory=list)  # request ids, as their streams closed
     chats: list[list[dict]] = field(default_factory=list)  # messages render_chat was given

@@ -73,7 +73,7 @@ def test_the_flag_parses() -> None:
 @pytest.fixture(scope="module")
 def deadline_server(start_server):
     live = start_server(
-        "--request-timeout", "0.5",
+        "--request-timeout", "2",
         "--max-batch", "2",
         "--max-model-len", "1024",
         "--kv-budget", "64MiB",

@@ -35,6 +35,9 @@ def require_api_key(connection: ASGIConnection, handler: BaseRouteHandler) -> No
 @get("/health", opt={"public": True}, sync_to_thread=False)
 def health(server: NamedDependency[ServerState]) -> Response[dict]:
     """503 until the engine is warm and has run one real forward; then its two sizing plans."""
+    if server.engine_error is not None:
+        body = {"status": "failed", "phase": "failed", "error": server.engine_error}
+        return Response(body, status_code=503)
     if server.engine is None:
         body = {
             "status": "failed" if server.boot_error else "starting",

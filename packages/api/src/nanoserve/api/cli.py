@@ -131,7 +131,11 @@ def _serve(args: argparse.Namespace) -> int:
         os._exit(EXIT_FAILED if failed else 0)
     if failed:
         print(f"nanoserve: {failed[0]}", file=sys.stderr)
-        return EXIT_FAILED
+        # A dead engine may leave its step thread stuck (the watchdog's case): an interpreter
+        # exit would join it forever. Nothing is left to save.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(EXIT_FAILED)
     return 0
 
 

@@ -40,6 +40,7 @@ class DeltaStream(Protocol):
 
 class EngineClient(Protocol):
     observer: Callable[[RequestTimes], None] | None  # told each request's times at its end
+    on_fatal: Callable[[BaseException], None] | None  # told once, if the engine dies
 
     @property
     def name(self) -> str: ...
@@ -97,4 +98,6 @@ def build_async_engine(
     config: EngineConfig, say: Callable[[str], None], cancel: threading.Event
 ) -> EngineClient:
     """The real engine: load, plan, warm (honouring cancel), then wrap it for the event loop."""
-    return AsyncEngine(build_engine(config, say=say, cancel=cancel))
+    return AsyncEngine(
+        build_engine(config, say=say, cancel=cancel), step_timeout=config.step_timeout
+    )

@@ -113,6 +113,13 @@ OPTIONS: tuple[Option, ...] = (
     Option("--max-body-bytes", "max_body_bytes", parse_bytes, "request body limit (413)"),
     Option("--grace-seconds", "grace_seconds", float, "shutdown grace for in-flight requests"),
     Option(
+        "--step-timeout",
+        "step_timeout",
+        parse_seconds,
+        "watchdog: a step running this long kills the engine; the server exits non-zero"
+        " (default 120; 0 or off: none)",
+    ),
+    Option(
         "--request-timeout",
         "request_timeout",
         parse_seconds,

@@ -27,6 +27,7 @@ from nanoserve.api.schemas import (
 )
 from nanoserve.api.tool_calls import ToolCallStream
 from nanoserve.api.translate import ChatInputs, CompletionInputs
+from nanoserve.runtime.engine.async_engine import EngineDeadError
 
 DONE = "[DONE]"
 Event = dict[str, str]  # what Litestar's ServerSentEvent frames as `data: ...`
@@ -36,9 +37,11 @@ def event(data: object) -> Event:
     return {"data": encode(data).decode()}
 
 
-def error_event(error: APIError) -> Event:
-    """A stream that cannot go on (past --request-timeout) ends with OpenAI's error object as
-    its last event before [DONE]; the `openai` client raises it."""
+def error_event(error: APIError | EngineDeadError) -> Event:
+    """A stream that cannot go on (past --request-timeout, or its engine dead) ends with OpenAI's
+    error object as its last event before [DONE]; the `openai` client raises it."""
+    if isinstance(error, EngineDeadError):
+        return event(error_body(500, str(error), code="engine_dead"))
     return event(error_body(error.status, error.message, param=error.param, code=error.code))
 
 
@@ -80,7 +83,7 @@ async def _completion_events(
             yield event(answer.completion([choice]))
         if inputs.include_usage:
             yield event(answer.completion([], usage(inputs.prompt_tokens, completion, cached)))
-    except APIError as error:
+    except (APIError, EngineDeadError) as error:
         yield error_event(error)
     finally:
         await merged.close()
@@ -133,7 +136,7 @@ async def chat_events(
                 yield event(answer.chat_chunk([choice]))
         if inputs.include_usage:
             yield event(answer.chat_chunk([], usage(len(inputs.prompt_ids), completion, cached)))
-    except APIError as error:
+    except (APIError, EngineDeadError) as error:
         yield error_event(error)
     finally:
         await merged.close()

@@ -53,6 +53,7 @@ class ServerState:
         self.engine: EngineClient | None = None
         self._engine_factory = engine_factory
         self.boot_error: str | None = None
+        self.engine_error: str | None = None  # set if the engine dies while serving
         self.metrics = ServerMetrics(lambda: self.engine)
         self._print = say or log.info
         self.phase = "starting"
@@ -66,7 +67,17 @@ class ServerState:
         self.phase = line
         self._print(line)
 
+    def _engine_died(self, error: BaseException) -> None:
+        """The engine's step failed or hung: refuse everything (503) and ask the process to
+        exit non-zero, so that a supervisor starts a fresh one."""
+        self.engine_error = str(error)
+        self.phase = "failed"
+        if self._on_boot_failure is not None:
+            self._on_boot_failure(error)
+
     def require_engine(self) -> EngineClient:
+        if self.engine_error is not None:
+            raise APIError(503, f"the engine has failed: {self.engine_error}", retry_after=5)
         if self.engine is None:
             if self.boot_error:
                 raise APIError(503, f"the engine failed to start: {self.boot_error}")
@@ -85,6 +96,7 @@ class ServerState:
             )
             self.phase = "ready"
             engine.observer = self.metrics.observe
+            engine.on_fatal = self._engine_died
             await engine.start()
             self.engine = engine
         except WarmupCancelled as stop:

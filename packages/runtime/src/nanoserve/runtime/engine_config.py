@@ -72,6 +72,9 @@ class EngineConfig:
     warm_seconds: float | None = None  # the warm-up's time budget; None: by device (30 s CPU)
     seed: int = 0
     served_model_name: str | None = None
+    # The server's watchdog: a step still running after this many seconds kills the engine
+    # (AsyncEngine); generous, since a wide prefill or a first recording takes seconds on a CPU.
+    step_timeout: float | None = 120.0
 
     def __post_init__(self) -> None:
         try:
@@ -113,6 +116,14 @@ class EngineConfig:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):
                 raise EngineConfigError(f"{name} must be a positive number of bytes, got {value!r}")
+        if self.step_timeout is not None and (
+            isinstance(self.step_timeout, bool)
+            or not isinstance(self.step_timeout, int | float)
+            or not 0 < self.step_timeout < float("inf")
+        ):
+            raise EngineConfigError(
+                f"step_timeout must be a positive number of seconds, got {self.step_timeout!r}"
+            )
         if self.warm_seconds is not None and (
             isinstance(self.warm_seconds, bool)
             or not isinstance(self.warm_seconds, int | float)

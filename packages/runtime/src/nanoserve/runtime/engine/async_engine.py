@@ -26,6 +26,7 @@ from typing import Any
 from nanoserve.core.errors import NanoserveError
 from nanoserve.runtime.engine.engine import Engine, RequestError
 from nanoserve.runtime.engine.engine_status import EngineStatus
+from nanoserve.runtime.engine.faults import FaultPlan
 from nanoserve.runtime.engine.sampling_params import SamplingParams
 from nanoserve.runtime.engine.scheduler import QueueFullError
 from nanoserve.runtime.engine.sequence import Delta
@@ -136,8 +137,15 @@ class RequestStream:
 
 
 class AsyncEngine:
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, *, step_timeout: float | None = None) -> None:
+        """step_timeout: the watchdog's limit on one step (None: none). A step that fails, or
+        outlives it, kills the engine: in-flight requests get EngineDeadError, new ones
+        EngineClosedError, and `on_fatal` is told (the server exits, for its supervisor)."""
         self.engine = engine
+        self.step_timeout = step_timeout
+        self.dead: str | None = None  # why the engine died; None while it lives
+        self._faulty: FaultyTokenizer | None = None  # NANOSERVE_FAULT=tokenizer@N
+        self.on_fatal: Callable[[BaseException], None] | None = None
         self._inbox: deque[Message] = deque()
         self._streams: dict[str, asyncio.Queue[Delta | BaseException]] = {}
         self._wake: asyncio.Event | None = None
@@ -196,7 +204,12 @@ class AsyncEngine:
         return self.engine.config.max_model_len or 0
 
     @property
-    def tokenizer(self) -> Tokenizer:
+    def tokenizer(self) -> Tokenizer | FaultyTokenizer:
+        faults = self.engine.faults
+        if faults is not None and faults.kind == "tokenizer":
+            if self._faulty is None:
+                self._faulty = FaultyTokenizer(self.engine.tokenizer, faults)
+            return self._faulty
         return self.engine.tokenizer
 
     def render_chat(self, messages: Sequence[Mapping[str, Any]], **extra: object) -> str:
@@ -223,6 +236,8 @@ class AsyncEngine:
         self, request_id: str, prompt_ids: Sequence[int], params: SamplingParams
     ) -> asyncio.Queue[Delta | BaseException]:
         """Validate now (raising the engine's named errors), run later; returns the stream."""
+        if self.dead is not None:
+            raise EngineClosedError(f"the engine has failed: {self.dead}")
         if self._closing:
             raise EngineClosedError("the server is shutting down")
         if self._task is None or self._task.done():
@@ -278,14 +293,22 @@ class AsyncEngine:
                 self._wake.clear()
                 await self._wake.wait()
                 continue
+            step = asyncio.get_running_loop().run_in_executor(self._step_thread, self._step)
             try:
-                deltas = await asyncio.get_running_loop().run_in_executor(
-                    self._step_thread, self._step
+                deltas = await asyncio.wait_for(step, self.step_timeout)
+            except TimeoutError:
+                # The step thread is stuck (it cannot be stopped): the engine is lost.
+                self._die(
+                    EngineDeadError(
+                        f"an engine step has not returned in {self.step_timeout:g} s"
+                        " (--step-timeout)"
+                    )
                 )
-            except Exception as error:  # a bug, not a client's mistake: fail in-flight, go on
+                return
+            except Exception as error:  # a bug, not a client's mistake: its state is suspect
                 log.exception("engine step failed")
-                self._fail_all(EngineDeadError(f"engine step failed: {error!r}"))
-                continue
+                self._die(EngineDeadError(f"engine step failed: {error!r}"))
+                return
             for delta in deltas:
                 stream = self._streams.get(delta.request_id)
                 if stream is not None:
@@ -314,7 +337,31 @@ class AsyncEngine:
             deltas.extend(self.engine.step())
         return deltas
 
+    def _die(self, error: EngineDeadError) -> None:
+        log.error("the engine has failed: %s", error)
+        self.dead = str(error)
+        self._fail_all(error)
+        if self.on_fatal is not None:
+            self.on_fatal(error)
+
     def _fail_all(self, error: BaseException) -> None:
         for request_id, stream in list(self._streams.items()):
             stream.put_nowait(error)
             self._inbox.append(AbortRequest(request_id))
+
+
+class FaultyTokenizer:
+    """The engine's tokenizer, whose N-th `encode` fails (NANOSERVE_FAULT=tokenizer@N)."""
+
+    def __init__(self, tokenizer: Tokenizer, faults: FaultPlan) -> None:
+        self._tokenizer = tokenizer
+        self._faults = faults
+        self._calls = 0
+
+    def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
+        self._calls += 1
+        self._faults.hit("tokenizer", self._calls)
+        return self._tokenizer.encode(text, add_special_tokens=add_special_tokens)
+
+    def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = False) -> str:
+        return self._tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)

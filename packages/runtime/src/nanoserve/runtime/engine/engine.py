@@ -31,6 +31,7 @@ from nanoserve.runtime.decode.warmup import (
 )
 from nanoserve.runtime.engine.block_manager import BlockManager, PrefixCacheStats
 from nanoserve.runtime.engine.engine_status import EngineStatus, PrefixCacheCounts
+from nanoserve.runtime.engine.faults import FaultPlan
 from nanoserve.runtime.engine.runner import ModelRunner
 from nanoserve.runtime.engine.sampler import SampleRow, sample
 from nanoserve.runtime.engine.sampling_params import SamplingParams
@@ -120,6 +121,8 @@ class Engine:
         self.prompt_tokens = 0
         self.generation_tokens = 0
         self.num_steps = 0
+        self.faults = FaultPlan.from_env()  # tests only: NANOSERVE_FAULT
+        self._attempts = 0  # steps begun, counted for the fault plan
         # Unseeded sampling draws from the engine's own generator, never the process's.
         self.generator = torch.Generator(device=model.device).manual_seed(config.seed)
 
@@ -219,18 +222,27 @@ class Engine:
 
     @torch.inference_mode()
     def step(self) -> list[Delta]:
+        self._attempts += 1
+        self._fault("alloc")
         out = self.scheduler.schedule()  # plan
         for seq_id in out.preempted:
             self.runner.release(seq_id)
         if not out.scheduled:
             return []
+        self._fault("forward")
+        self._fault("hang")
         logits = self.runner.execute(out)  # check (at record time) + execute
         sampling = [item.seq for item in out.scheduled if item.samples]
         mask = self._step_mask(sampling)
         rows = [_sample_row(s) for s in sampling]
+        self._fault("sampler")
         result = sample(logits, rows, self.generator, mask)  # sample
         self.num_steps += 1
         return self._commit(out, sampling, result)  # commit
+
+    def _fault(self, kind: str) -> None:
+        if self.faults is not None:
+            self.faults.hit(kind, self._attempts)
 
     def _step_mask(self, sampling: list[Sequence]) -> StepMask | None:
         """The grammar masks of this step's constrained rows (None when no row is)."""
