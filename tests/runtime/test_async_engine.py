@@ -7,11 +7,17 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import Awaitable, Callable
 
 import pytest
 
-from nanoserve.runtime.engine.async_engine import AsyncEngine, EngineClosedError, EngineDeadError
+from nanoserve.runtime.engine.async_engine import (
+    AsyncEngine,
+    EngineClosedError,
+    EngineDeadError,
+    StreamBehindError,
+)
 from nanoserve.runtime.engine.engine import Engine, RequestError
 from nanoserve.runtime.engine.sampling_params import SamplingParams
 from nanoserve.runtime.engine.scheduler import QueueFullError
@@ -274,3 +280,32 @@ def test_observer_sees_each_request_once(make_tiny_engine) -> None:
     assert times.finish_reasons == ["length"]
     assert times.ttft is not None and times.ttft >= 0
     assert len(times.inter_token()) == 3
+
+
+def test_a_client_that_never_reads_is_aborted_and_its_blocks_freed(make_tiny_engine) -> None:
+    engine = make_tiny_engine()
+
+    async def main() -> list[Delta | BaseException]:
+        served = AsyncEngine(engine, max_behind=5)
+        await served.start()
+        stream = served.submit("unread", PROMPTS[3], greedy(60))
+        other = served.submit("read", PROMPTS[1], greedy(20))
+        read = await collect(other)  # a reader beside it is served whole
+        assert sum(len(d.token_ids) for d in read) == 20
+        deadline = time.monotonic() + 10
+        while engine.has_unfinished and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        assert not engine.has_unfinished and engine.blocks.num_in_use == 0
+        items: list[Delta | BaseException] = []
+        try:
+            async for delta in stream:
+                items.append(delta)
+        except StreamBehindError as error:
+            items.append(error)
+        await served.shutdown(grace_seconds=0.1)
+        return items
+
+    items = asyncio.run(main())
+    assert len(items) == 6 and isinstance(items[-1], StreamBehindError)
+    assert "fell more than 5 tokens behind" in str(items[-1])
+    assert sum(len(d.token_ids) for d in items[:-1]) < 60

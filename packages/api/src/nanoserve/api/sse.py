@@ -27,7 +27,7 @@ from nanoserve.api.schemas import (
 )
 from nanoserve.api.tool_calls import ToolCallStream
 from nanoserve.api.translate import ChatInputs, CompletionInputs
-from nanoserve.runtime.engine.async_engine import EngineDeadError
+from nanoserve.runtime.engine.async_engine import EngineDeadError, StreamBehindError
 
 DONE = "[DONE]"
 Event = dict[str, str]  # what Litestar's ServerSentEvent frames as `data: ...`
@@ -37,11 +37,13 @@ def event(data: object) -> Event:
     return {"data": encode(data).decode()}
 
 
-def error_event(error: APIError | EngineDeadError) -> Event:
+def error_event(error: APIError | EngineDeadError | StreamBehindError) -> Event:
     """A stream that cannot go on (past --request-timeout, or its engine dead) ends with OpenAI's
     error object as its last event before [DONE]; the `openai` client raises it."""
     if isinstance(error, EngineDeadError):
         return event(error_body(500, str(error), code="engine_dead"))
+    if isinstance(error, StreamBehindError):
+        return event(error_body(408, str(error), code="client_too_slow"))
     return event(error_body(error.status, error.message, param=error.param, code=error.code))
 
 
@@ -83,7 +85,7 @@ async def _completion_events(
             yield event(answer.completion([choice]))
         if inputs.include_usage:
             yield event(answer.completion([], usage(inputs.prompt_tokens, completion, cached)))
-    except (APIError, EngineDeadError) as error:
+    except (APIError, EngineDeadError, StreamBehindError) as error:
         yield error_event(error)
     finally:
         await merged.close()
@@ -136,7 +138,7 @@ async def chat_events(
                 yield event(answer.chat_chunk([choice]))
         if inputs.include_usage:
             yield event(answer.chat_chunk([], usage(len(inputs.prompt_ids), completion, cached)))
-    except (APIError, EngineDeadError) as error:
+    except (APIError, EngineDeadError, StreamBehindError) as error:
         yield error_event(error)
     finally:
         await merged.close()

@@ -34,6 +34,7 @@ from nanoserve.runtime.structured.grammar_spec import GrammarSpec
 from nanoserve.runtime.text.tokenizer import Tokenizer
 
 log = logging.getLogger("nanoserve.async_engine")
+DEFAULT_MAX_BEHIND = 4096  # deltas (about tokens) per sample: ~40 s of a 100 tok/s stream
 
 
 class EngineDeadError(NanoserveError, RuntimeError):
@@ -42,6 +43,11 @@ class EngineDeadError(NanoserveError, RuntimeError):
 
 class EngineClosedError(NanoserveError, RuntimeError):
     """The engine is shutting down and takes no new requests."""
+
+
+class StreamBehindError(NanoserveError, RuntimeError):
+    """A client read its stream so slowly that the deltas waiting for it passed the bound: the
+    request was aborted (its blocks freed) rather than buffered without end."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,12 +143,22 @@ class RequestStream:
 
 
 class AsyncEngine:
-    def __init__(self, engine: Engine, *, step_timeout: float | None = None) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        step_timeout: float | None = None,
+        max_behind: int = DEFAULT_MAX_BEHIND,
+    ) -> None:
         """step_timeout: the watchdog's limit on one step (None: none). A step that fails, or
         outlives it, kills the engine: in-flight requests get EngineDeadError, new ones
         EngineClosedError, and `on_fatal` is told (the server exits, for its supervisor)."""
         self.engine = engine
         self.step_timeout = step_timeout
+        # Deltas a stream may hold unread, per sample: past it, the request is aborted.
+        self.max_behind = max_behind
+        self._behind: set[str] = set()  # requests aborted for it (their later deltas dropped)
+        self._samples: dict[str, int] = {}  # n of each request in flight
         self.dead: str | None = None  # why the engine died; None while it lives
         self._faulty: FaultyTokenizer | None = None  # NANOSERVE_FAULT=tokenizer@N
         self.on_fatal: Callable[[BaseException], None] | None = None
@@ -257,6 +273,7 @@ class AsyncEngine:
             raise RequestError("request_id", f"request {request_id!r} is already in flight")
         stream: asyncio.Queue[Delta | BaseException] = asyncio.Queue()
         self._streams[request_id] = stream
+        self._samples[request_id] = params.n
         self._inbox.append(AddRequest(request_id, list(prompt_ids), params))
         self._poke()
         return stream
@@ -273,6 +290,8 @@ class AsyncEngine:
         if stream.remaining:
             self.abort(stream.request_id)
         self._streams.pop(stream.request_id, None)
+        self._samples.pop(stream.request_id, None)
+        self._behind.discard(stream.request_id)
         if self.observer is not None:
             self.observer(stream.times)
 
@@ -311,8 +330,12 @@ class AsyncEngine:
                 return
             for delta in deltas:
                 stream = self._streams.get(delta.request_id)
-                if stream is not None:
-                    stream.put_nowait(delta)
+                if stream is None or delta.request_id in self._behind:
+                    continue
+                if stream.qsize() >= self.max_behind * self._samples.get(delta.request_id, 1):
+                    self._fall_behind(delta.request_id, stream)
+                    continue
+                stream.put_nowait(delta)
 
     def _step(self) -> list[Delta]:
         """Worker thread: apply the inbox, then one engine step."""
@@ -336,6 +359,21 @@ class AsyncEngine:
         if self.engine.has_unfinished:
             deltas.extend(self.engine.step())
         return deltas
+
+    def _fall_behind(self, request_id: str, stream: asyncio.Queue[Delta | BaseException]) -> None:
+        """A client that does not read must not make the server hold its tokens (and K/V) for
+        ever: abort its request now, and tell it if it ever reads again."""
+        log.warning(
+            "request %s: its client fell %d deltas behind; aborted", request_id, stream.qsize()
+        )
+        self._behind.add(request_id)
+        stream.put_nowait(
+            StreamBehindError(
+                f"the client fell more than {stream.qsize()} tokens behind its stream;"
+                " the request was aborted"
+            )
+        )
+        self.abort(request_id)
 
     def _die(self, error: EngineDeadError) -> None:
         log.error("the engine has failed: %s", error)
