@@ -16,16 +16,14 @@ pytestmark = pytest.mark.anyio
 
 
 HI = [{"role": "user", "content": "Hi"}]
+ROUTES = [
+    ("/v1/completions", {"prompt": "Hi", "max_tokens": 40}),
+    ("/v1/chat/completions", {"messages": HI}),
+]
 SLOW = {"replies": ("a" * 40,), "step_seconds": 0.02}  # 40 deltas: 0.8 s
 
 
-@pytest.mark.parametrize(
-    ("path", "body"),
-    [
-        ("/v1/completions", {"prompt": "Hi", "max_tokens": 40}),
-        ("/v1/chat/completions", {"messages": HI}),
-    ],
-)
+@pytest.mark.parametrize(("path", "body"), ROUTES)
 async def test_past_the_deadline_is_408_and_the_requests_are_closed(path: str, body: dict) -> None:
     fake = FakeEngine(**SLOW)
     async with fake_server(fake, request_timeout=0.1) as (client, _):
@@ -35,13 +33,7 @@ async def test_past_the_deadline_is_408_and_the_requests_are_closed(path: str, b
     assert fake.closed == [s.request_id for s in fake.submitted]  # aborted: blocks freed
 
 
-@pytest.mark.parametrize(
-    ("path", "body"),
-    [
-        ("/v1/completions", {"prompt": "Hi", "max_tokens": 40}),
-        ("/v1/chat/completions", {"messages": HI}),
-    ],
-)
+@pytest.mark.parametrize(("path", "body"), ROUTES)
 async def test_a_stream_past_the_deadline_ends_with_the_error(path: str, body: dict) -> None:
     fake = FakeEngine(**SLOW)
     async with fake_server(fake, request_timeout=0.1) as (client, _):

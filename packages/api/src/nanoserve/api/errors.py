@@ -8,12 +8,11 @@ from litestar import Request, Response
 from litestar.exceptions import HTTPException, ValidationException
 
 from nanoserve.api.schemas import ErrorInfo, ErrorResponse
+from nanoserve.core.errors import FieldError
 from nanoserve.runtime.engine.async_engine import EngineClosedError, EngineDeadError
 from nanoserve.runtime.engine.engine import RequestError
-from nanoserve.runtime.engine.sampling_params import SamplingParamsError
 from nanoserve.runtime.engine.scheduler import QueueFullError
 from nanoserve.runtime.errors import ChatTemplateError
-from nanoserve.runtime.structured.grammar_spec import GrammarError
 
 log = logging.getLogger("nanoserve.api")
 
@@ -111,9 +110,7 @@ def handle_too_deep(_: Request, error: RecursionError) -> Response[ErrorResponse
     return error_response(400, "the request body is nested too deeply to decode")
 
 
-def handle_bad_parameter(
-    _: Request, error: SamplingParamsError | RequestError | GrammarError
-) -> Response:
+def handle_bad_parameter(_: Request, error: FieldError | RequestError) -> Response:
     """A request the engine cannot serve as asked: 400, naming the field."""
     return error_response(400, str(error), param=error.field)
 
@@ -145,9 +142,8 @@ EXCEPTION_HANDLERS = {
     HTTPException: handle_http,
     RecursionError: handle_too_deep,
     # Keyed by type: Litestar picks the most specific class in the error's MRO.
-    SamplingParamsError: handle_bad_parameter,
+    FieldError: handle_bad_parameter,  # SamplingParamsError, GrammarError
     RequestError: handle_bad_parameter,
-    GrammarError: handle_bad_parameter,
     ChatTemplateError: handle_chat_template,
     QueueFullError: handle_queue_full,
     EngineClosedError: handle_engine_closed,

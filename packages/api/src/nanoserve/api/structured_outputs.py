@@ -3,17 +3,15 @@
 OpenAI's `response_format` (chat, and completions as an extension): `text`, `json_object`, or
 `json_schema` with `{"name", "schema", "strict"}`. vLLM's `structured_outputs` (both routes):
 exactly one of `json`, `regex`, `choice`, `grammar` (GBNF or Lark), `json_object`. Each refusal
-is a 400 naming the field; whether a schema compiles is the engine's check (it names the field
-too, via GrammarError).
+is a 400 naming the field: APIError here, GrammarError (a FieldError) from GrammarSpec for a
+schema that is not JSON, and from the engine for one that does not compile.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from nanoserve.api.errors import APIError
 from nanoserve.api.schemas import ResponseFormat, StructuredOutputs
-from nanoserve.runtime.structured.grammar_spec import GrammarError, GrammarSpec
+from nanoserve.runtime.structured.grammar_spec import GrammarSpec
 
 RESPONSE_FORMAT_TYPES = ("text", "json_object", "json_schema")
 
@@ -46,7 +44,7 @@ def _from_response_format(fmt: ResponseFormat | None) -> GrammarSpec | None:
                 "response_format of type json_schema needs json_schema.schema",
                 param="response_format",
             )
-        return _spec(lambda: GrammarSpec.json_schema(spec.schema, source="response_format"))
+        return GrammarSpec.json_schema(spec.schema, source="response_format")
     raise APIError(
         400,
         f"response_format.type {fmt.type!r} is not one of {', '.join(RESPONSE_FORMAT_TYPES)}",
@@ -77,22 +75,13 @@ def _from_structured_outputs(so: StructuredOutputs | None) -> GrammarSpec | None
         )
     source = "structured_outputs"
     if so.json is not None:
-        schema = so.json
-        return _spec(lambda: GrammarSpec.json_schema(schema, source=source))
+        return GrammarSpec.json_schema(so.json, source=source)
     if so.regex is not None:
         return GrammarSpec("regex", so.regex, source)
     if so.choice is not None:
-        options = so.choice
-        return _spec(lambda: GrammarSpec.choice(options, source=source))
+        return GrammarSpec.choice(so.choice, source=source)
     if so.grammar is not None:
         if not so.grammar.strip():
             raise APIError(400, "structured_outputs.grammar is empty", param=source)
         return GrammarSpec("grammar", so.grammar, source)
     return GrammarSpec.json_object(source=source)
-
-
-def _spec(build: Callable[[], GrammarSpec]) -> GrammarSpec:
-    try:
-        return build()
-    except GrammarError as error:
-        raise APIError(400, str(error), param=error.field) from None

@@ -11,6 +11,15 @@ class GeometryError(NanoserveError, ValueError):
     """An impossible size, count or index: the message names the value and its limit."""
 
 
+class FieldError(NanoserveError, ValueError):
+    """A request field that cannot be served as sent: `field` names it (the API's `param`),
+    the message is `"{field}: {problem}"`."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+
+
 class GateError(NanoserveError):
     """An invariant a gate checks did not hold. Each gate has its own subclass."""
 

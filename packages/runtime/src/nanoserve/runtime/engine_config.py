@@ -116,22 +116,16 @@ class EngineConfig:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):
                 raise EngineConfigError(f"{name} must be a positive number of bytes, got {value!r}")
-        if self.step_timeout is not None and (
-            isinstance(self.step_timeout, bool)
-            or not isinstance(self.step_timeout, int | float)
-            or not 0 < self.step_timeout < float("inf")
-        ):
-            raise EngineConfigError(
-                f"step_timeout must be a positive number of seconds, got {self.step_timeout!r}"
-            )
-        if self.warm_seconds is not None and (
-            isinstance(self.warm_seconds, bool)
-            or not isinstance(self.warm_seconds, int | float)
-            or not 0 < self.warm_seconds < float("inf")
-        ):
-            raise EngineConfigError(
-                f"warm_seconds must be a positive number of seconds, got {self.warm_seconds!r}"
-            )
+        for name in ("step_timeout", "warm_seconds"):
+            value = getattr(self, name)
+            if value is not None and (
+                isinstance(value, bool)
+                or not isinstance(value, int | float)
+                or not 0 < value < float("inf")
+            ):
+                raise EngineConfigError(
+                    f"{name} must be a positive number of seconds, got {value!r}"
+                )
 
     @property
     def torch_dtype(self) -> torch.dtype:

@@ -26,7 +26,7 @@ from typing import Any
 from nanoserve.core.errors import NanoserveError
 from nanoserve.runtime.engine.engine import Engine, RequestError
 from nanoserve.runtime.engine.engine_status import EngineStatus
-from nanoserve.runtime.engine.faults import FaultPlan
+from nanoserve.runtime.engine.faults import FaultyTokenizer
 from nanoserve.runtime.engine.sampling_params import SamplingParams
 from nanoserve.runtime.engine.scheduler import QueueFullError
 from nanoserve.runtime.engine.sequence import Delta
@@ -386,20 +386,3 @@ class AsyncEngine:
         for request_id, stream in list(self._streams.items()):
             stream.put_nowait(error)
             self._inbox.append(AbortRequest(request_id))
-
-
-class FaultyTokenizer:
-    """The engine's tokenizer, whose N-th `encode` fails (NANOSERVE_FAULT=tokenizer@N)."""
-
-    def __init__(self, tokenizer: Tokenizer, faults: FaultPlan) -> None:
-        self._tokenizer = tokenizer
-        self._faults = faults
-        self._calls = 0
-
-    def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
-        self._calls += 1
-        self._faults.hit("tokenizer", self._calls)
-        return self._tokenizer.encode(text, add_special_tokens=add_special_tokens)
-
-    def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = False) -> str:
-        return self._tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)

@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from nanoserve.core.errors import NanoserveError
+from nanoserve.runtime.text.tokenizer import Tokenizer
 
 ENV = "NANOSERVE_FAULT"
 KINDS = ("forward", "sampler", "alloc", "hang", "tokenizer")
@@ -56,3 +58,20 @@ class FaultPlan:
         if kind == "hang":
             time.sleep(HANG_SECONDS)
         raise InjectedFault(f"injected fault: {kind} at {count} ({ENV})")
+
+
+class FaultyTokenizer:
+    """The engine's tokenizer, whose N-th `encode` fails (NANOSERVE_FAULT=tokenizer@N)."""
+
+    def __init__(self, tokenizer: Tokenizer, faults: FaultPlan) -> None:
+        self._tokenizer = tokenizer
+        self._faults = faults
+        self._calls = 0
+
+    def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
+        self._calls += 1
+        self._faults.hit("tokenizer", self._calls)
+        return self._tokenizer.encode(text, add_special_tokens=add_special_tokens)
+
+    def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = False) -> str:
+        return self._tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)

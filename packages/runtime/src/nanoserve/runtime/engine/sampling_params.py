@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from nanoserve.core.errors import NanoserveError
+from nanoserve.core.errors import FieldError
 from nanoserve.runtime.structured.grammar_spec import GrammarSpec
 
 MAX_TOP_LOGPROBS = 20
@@ -14,12 +14,8 @@ MAX_TOP_LOGPROBS = 20
 SEED_MIN, SEED_END = -(2**63), 2**63 - 64
 
 
-class SamplingParamsError(NanoserveError, ValueError):
+class SamplingParamsError(FieldError):
     """A sampling field is out of range; `field` names it (the API maps it to `param`)."""
-
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(f"{field}: {message}")
-        self.field = field
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from nanoserve.core.errors import NanoserveError
+from nanoserve.core.errors import FieldError
 
 GrammarKind = Literal["json_schema", "json_object", "regex", "choice", "grammar", "lark"]
 KINDS: tuple[GrammarKind, ...] = (
@@ -34,12 +34,8 @@ JSON_OPTIONS: dict[str, Any] = {
 ANY_JSON_OBJECT = '{"type":"object"}'
 
 
-class GrammarError(NanoserveError, ValueError):
+class GrammarError(FieldError):
     """A grammar that cannot be compiled; `field` names the request field it came from."""
-
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(f"{field}: {message}")
-        self.field = field
 
 
 @dataclass(frozen=True, slots=True)
