@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import pytest
@@ -15,6 +15,25 @@ import torch
 OPTIONAL_PACKAGES = frozenset(
     {"gguf", "litestar", "msgspec", "uvicorn", "openai", "llguidance", "jsonschema"}
 )
+
+
+_FIGURES = pytest.StashKey[list[str]]()
+
+
+@pytest.fixture(scope="session")
+def figures(request: pytest.FixtureRequest) -> Callable[[str], None]:
+    """`figures(line)`: a measured figure (the soak's, the fuzzer's), printed in pytest's closing
+    summary, so that CI's log shows it without `-s`."""
+    lines = request.config.stash.setdefault(_FIGURES, [])
+    return lines.append
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    lines = terminalreporter.config.stash.get(_FIGURES, [])
+    if lines:
+        terminalreporter.section("figures")
+        for line in lines:
+            terminalreporter.write_line(line)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

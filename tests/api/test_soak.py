@@ -2,7 +2,7 @@
 model — mixed lengths, 20% clients that disconnect mid-stream, some n = 2, some stop strings,
 and more clients than the queue holds (some get 429, back off and retry). Then: no K/V block held once idle, RSS
 growth after the first 200 requests under a bound, every answer whole and well formed, and
-/metrics agreeing with what the clients saw. The figures are printed (`-s` shows them)."""
+/metrics agreeing with what the clients saw. The figures are printed in pytest's closing summary."""
 
 from __future__ import annotations
 
@@ -100,7 +100,9 @@ async def one(http: httpx.AsyncClient, body: dict[str, Any], leave: bool) -> dic
         return {"kind": "stream", "samples": n}
 
 
-def test_soak(start_server: Callable[..., Any], metrics_of) -> None:
+def test_soak(
+    start_server: Callable[..., Any], metrics_of, figures: Callable[[str], None]
+) -> None:
     live = start_server(
         "--max-batch", "16",
         "--max-waiting", "18",
@@ -157,8 +159,8 @@ def test_soak(start_server: Callable[..., Any], metrics_of) -> None:
     admitted = sum(r.get("samples", 0) for r in results)
     answered = sum(r["samples"] for r in results if r["kind"] in ("whole", "stream"))
     growth = rss["end"] - rss["after 200"]
-    print(
-        f"\nsoak: {REQUESTS} requests, {CLIENTS} clients, {seconds:.1f} s; {dict(kinds)};"
+    figures(
+        f"soak: {REQUESTS} requests, {CLIENTS} clients, {seconds:.1f} s; {dict(kinds)};"
         f" 429s (retried) {refused[0]};"
         f" samples admitted {admitted}, finished {finished};"
         f" blocks in use idle {health['kv_pool']['blocks_in_use']};"
