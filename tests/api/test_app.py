@@ -161,13 +161,14 @@ def failed_boot(
 
 
 async def test_503_after_a_failed_boot() -> None:
-    error = "FileNotFoundError: no config.json in /models/missing"
+    """The reason is given, less its path: the console and the log have that."""
+    error = "FileNotFoundError: no config.json in <path>"
     async with fake_server(factory=failed_boot) as (client, server):
         health = await client.get("/health")
         response = await client.post("/v1/completions", json={"prompt": "hi"})
     assert server.boot_error == error
     assert health.status_code == 503
-    assert health.json() == {"status": "failed", "phase": "loading /models/missing", "error": error}
+    assert health.json() == {"status": "failed", "phase": "loading <path>", "error": error}
     openai_error(response, 503, message=f"the engine failed to start: {error}")
     assert "retry-after" not in response.headers  # retrying will not help
 

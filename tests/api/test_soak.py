@@ -100,9 +100,7 @@ async def one(http: httpx.AsyncClient, body: dict[str, Any], leave: bool) -> dic
         return {"kind": "stream", "samples": n}
 
 
-def test_soak(
-    start_server: Callable[..., Any], metrics_of, figures: Callable[[str], None]
-) -> None:
+def test_soak(start_server: Callable[..., Any], metrics_of, figures: Callable[[str], None]) -> None:
     live = start_server(
         "--max-batch", "16",
         "--max-waiting", "18",

@@ -12,7 +12,7 @@ from litestar.exceptions import NotAuthorizedException
 from litestar.handlers.base import BaseRouteHandler
 from litestar.openapi import OpenAPIConfig
 
-from nanoserve.api.errors import EXCEPTION_HANDLERS
+from nanoserve.api.errors import EXCEPTION_HANDLERS, without_paths
 from nanoserve.api.openai_routes import OpenAIController
 from nanoserve.api.settings import ServerSettings
 from nanoserve.api.state import ServerState
@@ -41,7 +41,7 @@ def health(server: NamedDependency[ServerState]) -> Response[dict]:
     if server.engine is None:
         body = {
             "status": "failed" if server.boot_error else "starting",
-            "phase": server.phase,
+            "phase": without_paths(server.phase),  # the boot's console line, as the errors
             "error": server.boot_error,
         }
         return Response(body, status_code=503, headers={"Retry-After": "2"})

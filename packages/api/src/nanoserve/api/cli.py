@@ -52,7 +52,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     generate.add_argument("--max-tokens", type=int, default=64)
     generate.add_argument("--temperature", type=float, default=0.0)
     generate.add_argument("--seed", type=int, default=None)
-    add_options(generate, skip=("--seed", "--api-key", "--max-body-bytes", "--grace-seconds"))
+    add_options(
+        generate,
+        skip=("--seed", "--api-key", "--max-body-bytes", "--grace-seconds", "--read-timeout"),
+    )
 
     convert = commands.add_parser("convert", help="GGUF file to a Hugging Face directory")
     convert.add_argument("gguf")
@@ -95,6 +98,7 @@ def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from nanoserve.api.app import create_app
+    from nanoserve.api.http_protocol import KEEP_ALIVE_S, MAX_HEAD_BYTES, protocol_class
 
     _GracefulServer = _graceful_server_class()
     from nanoserve.api.state import ServerState
@@ -110,6 +114,10 @@ def _serve(args: argparse.Namespace) -> int:
         port=args.port,
         log_level=args.log_level,
         timeout_graceful_shutdown=max(1, int(settings.grace_seconds)),
+        # The limits on a slow or oversized request, each named (README, "Failure behaviour").
+        http=protocol_class(settings.read_timeout),
+        h11_max_incomplete_event_size=MAX_HEAD_BYTES,
+        timeout_keep_alive=KEEP_ALIVE_S,
     )
     server = _GracefulServer(config)
 

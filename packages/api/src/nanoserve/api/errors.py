@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 
 from litestar import Request, Response
 from litestar.exceptions import HTTPException, ValidationException
@@ -28,6 +29,15 @@ _TYPES = {
     500: "internal_server_error",
     503: "service_unavailable",
 }
+
+
+# An absolute path of two parts or more (/home/me/model.gguf), not inside a word or a URL.
+_PATH = re.compile(r"(?<![\w.:/~-])/(?:[\w.@+-]+/)+[\w.@+-]*")
+
+
+def without_paths(text: str) -> str:
+    """What the server says of its own failures names no file: the log has the details."""
+    return _PATH.sub("<path>", text)
 
 
 class APIError(Exception):
@@ -66,7 +76,10 @@ def error_response(
 def error_body(
     status: int, message: str, *, param: str | None = None, code: str | None = None
 ) -> ErrorResponse:
-    """OpenAI's error object: a response's body, or a stream's last event."""
+    """OpenAI's error object: a response's body, or a stream's last event. A 5xx is about the
+    server, not the request: its message loses any file-system path."""
+    if status >= 500:
+        message = without_paths(message)
     return ErrorResponse(
         error=ErrorInfo(message=message, type=_TYPES.get(status, "error"), param=param, code=code)
     )
@@ -94,8 +107,16 @@ def handle_validation(_: Request, error: ValidationException) -> Response[ErrorR
     return error_response(400, detail, param=param)
 
 
+# Litestar's words (connection/request.py) when the client goes while its body is read: the
+# client's doing (it hung up, or the read deadline cut it off), not a server error.
+_CLIENT_GONE = "client disconnected prematurely"
+
+
 def handle_http(_: Request, error: HTTPException) -> Response[ErrorResponse]:
     status = error.status_code
+    if status == 500 and error.detail == _CLIENT_GONE:
+        log.info("a client left before its request arrived whole")
+        return error_response(400, "the request ended before its body arrived whole")
     if status >= 500:
         log.error("HTTP %s: %s", status, error.detail)
     response = error_response(status, error.detail or "error", retry_after=None)
@@ -116,7 +137,7 @@ def handle_bad_parameter(_: Request, error: FieldError | RequestError) -> Respon
 
 
 def handle_chat_template(_: Request, error: ChatTemplateError) -> Response[ErrorResponse]:
-    return error_response(400, str(error))
+    return error_response(400, without_paths(str(error)))  # its source is the model's directory
 
 
 def handle_queue_full(_: Request, error: QueueFullError) -> Response[ErrorResponse]:
@@ -129,10 +150,11 @@ def handle_engine_closed(_: Request, error: EngineClosedError) -> Response[Error
 
 def handle_internal(_: Request, error: Exception) -> Response[ErrorResponse]:
     """Ours, not the client's: a failed invariant (GeometryError, a gate), a dead engine,
-    anything unforeseen. Logged with its traceback; the body names only the type."""
+    anything unforeseen. Logged with its traceback; the body has the type and the message, less
+    any path (error_body), never the traceback."""
     log.exception("internal error", exc_info=error)
     if isinstance(error, EngineDeadError):
-        return error_response(500, str(error))
+        return error_response(500, str(error), code="engine_dead")
     return error_response(500, f"internal error: {type(error).__name__}: {error}")
 
 

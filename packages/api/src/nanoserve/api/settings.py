@@ -126,8 +126,22 @@ OPTIONS: tuple[Option, ...] = (
         "seconds a request may run, first byte to last; past it, an error and its blocks freed"
         " (default off)",
     ),
+    Option(
+        "--read-timeout",
+        "read_timeout",
+        parse_seconds,
+        "seconds a client may take to send a request, head and body; past it, 408 and the"
+        " connection closed (default 30; 0 or off: none)",
+    ),
 )
-_SERVER_FIELDS = {"api_key", "max_body_bytes", "grace_seconds", "capture", "request_timeout"}
+_SERVER_FIELDS = {
+    "api_key",
+    "max_body_bytes",
+    "grace_seconds",
+    "capture",
+    "request_timeout",
+    "read_timeout",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,6 +151,7 @@ class ServerSettings:
     max_body_bytes: int = 1 << 20
     grace_seconds: float = 10.0
     request_timeout: float | None = None  # seconds; None: no deadline
+    read_timeout: float | None = 30.0  # seconds to send a request whole (`nanoserve serve`)
 
     @classmethod
     def from_values(cls, values: Mapping[str, object]) -> ServerSettings:

@@ -29,7 +29,7 @@ from typing import Any, TypeVar
 from litestar import Litestar
 
 from nanoserve.api.engine_client import EngineClient, EngineFactory, build_async_engine
-from nanoserve.api.errors import APIError
+from nanoserve.api.errors import APIError, without_paths
 from nanoserve.api.metrics import ServerMetrics
 from nanoserve.api.settings import ServerSettings
 from nanoserve.runtime.decode.warmup import WarmupCancelled
@@ -70,7 +70,7 @@ class ServerState:
     def _engine_died(self, error: BaseException) -> None:
         """The engine's step failed or hung: refuse everything (503) and ask the process to
         exit non-zero, so that a supervisor starts a fresh one."""
-        self.engine_error = str(error)
+        self.engine_error = without_paths(str(error))  # /health's body, as the errors'
         self.phase = "failed"
         if self._on_boot_failure is not None:
             self._on_boot_failure(error)
@@ -103,8 +103,8 @@ class ServerState:
             self.phase = "stopped"
             self._print(f"{stop}: shutting down")
         except Exception as error:
-            self.boot_error = f"{type(error).__name__}: {error}"
-            log.error("engine failed to start: %s", self.boot_error)
+            log.error("engine failed to start: %s: %s", type(error).__name__, error)
+            self.boot_error = without_paths(f"{type(error).__name__}: {error}")
             if self._on_boot_failure is not None:
                 self._on_boot_failure(error)
 
