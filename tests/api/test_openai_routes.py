@@ -293,6 +293,66 @@ async def test_completion_n_and_prompt_list() -> None:
     assert sorted(fake.closed) == ids
 
 
+async def test_best_of_returns_the_n_best_by_mean_token_logprob() -> None:
+    """The fake's token logprobs fall with position (-1/8, -2/8, ...): the shorter a reply, the
+    higher its mean. best_of 4 runs four samples; the two best come back, re-indexed."""
+    fake = FakeEngine(replies=("abcd", "xy", "xyz", "q"))
+    async with fake_server(fake) as (client, _):
+        body = {"prompt": ["Hi", "Yo!"], "n": 2, "best_of": 4}
+        response = await client.post("/v1/completions", json=body)
+    body = response.json()
+    assert [(c["index"], c["text"], c["logprobs"]) for c in body["choices"]] == [
+        (0, "q", None),
+        (1, "xy", None),
+        (2, "q", None),
+        (3, "xy", None),
+    ]
+    assert body["usage"] == usage(2 + 3, 2 * (4 + 2 + 3 + 1))  # every sample run is counted
+    # Ranking needs the chosen tokens' logprobs: asked for (logprobs 0), not shown.
+    assert all((s.params.n, s.params.logprobs) == (4, 0) for s in fake.submitted)
+
+
+async def test_best_of_with_logprobs_shows_those_of_the_chosen() -> None:
+    fake = FakeEngine(replies=("abc", "z"))
+    async with fake_server(fake) as (client, _):
+        body = {"prompt": "Hi", "best_of": 2, "logprobs": 1}
+        choice = (await client.post("/v1/completions", json=body)).json()["choices"][0]
+    assert choice["text"] == "z"
+    assert choice["logprobs"]["token_logprobs"] == [-1 / 8]
+    assert fake.submitted[0].params.logprobs == 1
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"n": 2, "best_of": 1}, "best_of must be an integer in [n, 64] (n is 2)"),
+        ({"best_of": 65}, "best_of must be an integer in [n, 64] (n is 1)"),
+        ({"best_of": 0}, "best_of must be an integer in [n, 64] (n is 1)"),
+        (
+            {"best_of": True},
+            "Validation failed for POST /v1/completions: Expected `int | null`, got `bool`",
+        ),
+        ({"best_of": 2, "stream": True}, "best_of > n cannot be streamed"),
+    ],
+)
+async def test_best_of_refusals(fields: dict[str, Any], message: str) -> None:
+    fake = FakeEngine()
+    async with fake_server(fake) as (client, _):
+        response = await client.post("/v1/completions", json={"prompt": "Hi", **fields})
+    openai_error(response, 400, param="best_of", message=message)
+    assert fake.submitted == []
+
+
+@pytest.mark.parametrize("best_of", [1, 64])
+async def test_best_of_at_its_bounds_is_served(best_of: int) -> None:
+    fake = FakeEngine()
+    async with fake_server(fake) as (client, _):
+        body = {"prompt": "Hi", "best_of": best_of, "stream": best_of == 1}
+        response = await client.post("/v1/completions", json=body)
+    assert response.status_code == 200, response.text
+    assert fake.submitted[0].params.n == best_of
+
+
 async def test_completion_n_stream_finishes_each_index_once() -> None:
     fake = FakeEngine(replies=("ab", "xyz"))
     async with fake_server(fake) as (client, _):

@@ -163,6 +163,8 @@ def test_completion_inputs() -> None:
         params=SamplingParams(max_tokens=3, logprobs=2, n=2),
         echo=True,
         include_usage=False,
+        n=2,
+        show_logprobs=True,
     )
     assert completion().params.max_tokens == 16  # OpenAI's legacy default
     with_usage = completion(stream=True, stream_options={"include_usage": True})

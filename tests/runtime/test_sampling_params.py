@@ -82,6 +82,7 @@ def test_normalisation() -> None:
         ({"logit_bias": {5: math.nan}}, "logit_bias"),
         ({"logit_bias": {5: "high"}}, "logit_bias"),
         ({"logit_bias": [(5, 1.0)]}, "logit_bias"),
+        ({"logit_bias": {i: 1.0 for i in range(301)}}, "logit_bias"),  # past MAX_LOGIT_BIAS
     ],
 )
 def test_invalid_value_names_its_field(kwargs: dict, field: str) -> None:

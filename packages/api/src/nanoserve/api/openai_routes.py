@@ -22,6 +22,7 @@ from nanoserve.api.schemas import ChatRequest, CompletionRequest, ModelCard, Mod
 from nanoserve.api.sse import chat_events, completion_events
 from nanoserve.api.state import ServerState
 from nanoserve.api.translate import translate_chat, translate_completion
+from nanoserve.runtime.engine.engine import RequestError
 
 
 def require_json(request: Request) -> None:
@@ -64,7 +65,12 @@ class OpenAIController(Controller):
         # One engine request per prompt, each running params.n samples.
         requests = [(f"{answer.id}-{i}", p.token_ids) for i, p in enumerate(inputs.prompts)]
         timeout = server.settings.request_timeout
-        merged = await MergedStream.submit(engine, requests, inputs.params, timeout=timeout)
+        try:
+            merged = await MergedStream.submit(engine, requests, inputs.params, timeout=timeout)
+        except RequestError as error:
+            if error.field == "n" and inputs.best_of > inputs.n:  # the samples are best_of's
+                raise APIError(400, f"best_of: {error}", param="best_of") from None
+            raise
         if data.stream:
             return ServerSentEvent(completion_events(answer, inputs, merged))
         return Response(completion_response(answer, inputs, await merged.drain(request)))

@@ -153,17 +153,31 @@ def collect(deltas: Sequence[Tagged], num_prompts: int, n: int) -> tuple[list[li
     return choices, cached
 
 
+def best(row: list[Choice], n: int) -> list[Choice]:
+    """best_of's pick: the n samples of highest mean token logprob (OpenAI's "highest log
+    probability per token"), ties to the earlier sample; a sample with no tokens ranks last."""
+    if len(row) == n:
+        return row
+
+    def score(choice: Choice) -> float:
+        lps = choice.logprobs
+        return sum(lps) / len(lps) if lps else float("-inf")
+
+    ranked = sorted(range(len(row)), key=lambda i: (-score(row[i]), i))
+    return [row[i] for i in ranked[:n]]
+
+
 def completion_response(
     answer: Answer, inputs: CompletionInputs, deltas: Sequence[Tagged]
 ) -> CompletionResponse:
-    n = inputs.params.n
+    n = inputs.n
     echo = echo_prefixes(inputs, answer.tokenizer)
-    grid, cached = collect(deltas, len(inputs.prompts), n)
+    grid, cached = collect(deltas, len(inputs.prompts), inputs.best_of)
     out = []
     for p, row in enumerate(grid):
-        for i, choice in enumerate(row):
+        for i, choice in enumerate(best(row, n)):
             logprobs = None
-            if inputs.params.logprobs is not None:
+            if inputs.show_logprobs:
                 logprobs = completion_logprobs(
                     answer.tokenizer, choice.token_ids, choice.logprobs, choice.top, len(echo[p])
                 )
@@ -175,6 +189,7 @@ def completion_response(
                     finish_reason=choice.finish_reason,
                 )
             )
+    # Every sample run is counted, as OpenAI bills best_of: the tokens were generated.
     completion = sum(len(c.token_ids) for row in grid for c in row)
     return answer.completion(out, usage(inputs.prompt_tokens, completion, cached))
 

@@ -67,6 +67,7 @@ class CompletionRequest(_SamplingFields, kw_only=True):
     prompt: str | list[Any]
     logprobs: int | None = None
     echo: bool = False
+    best_of: int | None = None  # samples run per prompt; the n best are returned
 
 
 class ContentPart(Struct, kw_only=True):

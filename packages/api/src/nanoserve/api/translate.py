@@ -6,6 +6,7 @@ field), in the order the fields are read; the engine's own checks come at `submi
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 from typing import Any
@@ -24,6 +25,7 @@ from nanoserve.runtime.engine.sampling_params import (
 from nanoserve.runtime.structured.grammar_spec import GrammarSpec
 
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's legacy completions default
+MAX_SAMPLES = 64  # n and best_of: SamplingParams' bound on n
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,10 +39,19 @@ class Prompt:
 
 @dataclass(frozen=True, slots=True)
 class CompletionInputs:
-    prompts: list[Prompt]  # each runs params.n samples: choice index = prompt * n + sample
+    """Each prompt runs params.n samples (best_of); the `n` best of them are its choices:
+    choice index = prompt * n + rank."""
+
+    prompts: list[Prompt]
     params: SamplingParams
     echo: bool
     include_usage: bool  # streamed: a last chunk with usage and no choices
+    n: int
+    show_logprobs: bool  # asked for; best_of > n asks the engine for them regardless
+
+    @property
+    def best_of(self) -> int:
+        return self.params.n
 
     @property
     def prompt_tokens(self) -> int:
@@ -59,19 +70,38 @@ def translate_completion(request: CompletionRequest, engine: EngineClient) -> Co
     check_model(request, engine)
     if request.logprobs is not None and not 0 <= request.logprobs <= MAX_TOP_LOGPROBS:
         raise APIError(400, f"logprobs must be in [0, {MAX_TOP_LOGPROBS}]", param="logprobs")
+    best_of = check_best_of(request)
     params = sampling_params(
         request,
         max_tokens=request.max_tokens,
-        logprobs=request.logprobs,
+        # Ranking needs each sample's token logprobs; logprobs 0 is the chosen tokens' alone.
+        logprobs=request.logprobs if request.logprobs is not None or best_of == request.n else 0,
         default_max=COMPLETION_DEFAULT_MAX_TOKENS,
         grammar=requested_grammar(request.response_format, request.structured_outputs),
     )
     return CompletionInputs(
         prompts=completion_prompts(request, engine),
-        params=params,
+        params=dataclasses.replace(params, n=best_of) if best_of != request.n else params,
         echo=request.echo,
         include_usage=_include_usage(request),
+        n=request.n,
+        show_logprobs=request.logprobs is not None,
     )
+
+
+def check_best_of(request: CompletionRequest) -> int:
+    """best_of (default n): samples run per prompt, of which the n best are returned. OpenAI's
+    rules: at least n, and not streamed unless equal to n (the best are known only at the end)."""
+    n, best_of = request.n, request.best_of
+    if best_of is None or not isinstance(n, int) or isinstance(n, bool):
+        return n  # n's own check (SamplingParams) words a bad n
+    if not n <= best_of <= MAX_SAMPLES:
+        raise APIError(
+            400, f"best_of must be an integer in [n, {MAX_SAMPLES}] (n is {n})", param="best_of"
+        )
+    if request.stream and best_of > n:
+        raise APIError(400, "best_of > n cannot be streamed", param="best_of")
+    return best_of
 
 
 def translate_chat(request: ChatRequest, engine: EngineClient) -> ChatInputs:

@@ -9,6 +9,7 @@ from nanoserve.core.errors import FieldError
 from nanoserve.runtime.structured.grammar_spec import GrammarSpec
 
 MAX_TOP_LOGPROBS = 20
+MAX_LOGIT_BIAS = 300  # entries, as OpenAI bounds it: the sampler scatters them every step
 # A request's n samples seed their generators with seed + index (index < 64), and torch's
 # generators take 64 bits: seeds in [SEED_MIN, SEED_END).
 SEED_MIN, SEED_END = -(2**63), 2**63 - 64
@@ -84,6 +85,11 @@ class SamplingParams:
             raise bad("grammar", "must be a GrammarSpec")
         if not isinstance(self.logit_bias, Mapping):
             raise bad("logit_bias", "must map token ids to biases")
+        if len(self.logit_bias) > MAX_LOGIT_BIAS:
+            raise SamplingParamsError(
+                "logit_bias",
+                f"at most {MAX_LOGIT_BIAS} entries, got {len(self.logit_bias)}",
+            )
         for token, bias in self.logit_bias.items():
             if not _is_int(token) or token < 0 or not _in_range(bias, -100.0, 100.0):
                 raise SamplingParamsError(
