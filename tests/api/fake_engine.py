@@ -28,6 +28,7 @@ from nanoserve.runtime.decode.warmup import WarmupReport
 from nanoserve.runtime.engine.async_engine import RequestTimes
 from nanoserve.runtime.engine.engine_status import EngineStatus, PrefixCacheCounts
 from nanoserve.runtime.engine.sampling_params import SamplingParams
+from nanoserve.runtime.engine.scheduler import QueueFullError
 from nanoserve.runtime.engine.sequence import Delta
 from nanoserve.runtime.engine_config import EngineConfig
 from nanoserve.runtime.structured.grammar_spec import GrammarSpec
@@ -129,6 +130,7 @@ class FakeEngine:
     graphs: GraphStats | None = None
     status_fields: dict[str, Any] = field(default_factory=dict)  # overrides in status()
     num_pending: int = 0
+    room: int | None = None  # samples the waiting queue still takes; None: no bound
     tokenizer: FakeTokenizer = field(default_factory=FakeTokenizer)
     observer: Callable[[RequestTimes], None] | None = None
     on_fatal: Callable[[BaseException], None] | None = None
@@ -141,6 +143,10 @@ class FakeEngine:
     def render_chat(self, messages: Sequence[dict], **extra: object) -> str:
         self.chats.append([dict(m) for m in messages])
         return "".join(f"<{m['role']}>{m['content']}" for m in messages) + "<assistant>"
+
+    def check_room(self, samples: int = 1) -> None:
+        if self.room is not None and samples > self.room:
+            raise QueueFullError(f"the fake's queue takes {self.room} more")
 
     def default_max_tokens(self, prompt_len: int) -> int:
         return max(1, min(self.max_model_len, POOL.num_slots) - prompt_len)

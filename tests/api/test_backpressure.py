@@ -8,6 +8,7 @@ that refuses); the 503 while the model loads is test_app.py's.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import signal
 import threading
@@ -30,6 +31,7 @@ LONG = {
     "stream": True,
 }
 SHORT = {"prompt": "hi", "max_tokens": 2, "temperature": 0}
+FLOOD = 200
 
 
 @pytest.fixture(scope="module")
@@ -156,6 +158,70 @@ def test_concurrent_burst_is_one_accepted_rest_429(
     assert early == Counter({429: 5}), early
     assert Counter(statuses) == Counter({429: 5, 200: 1}), statuses
     wait_idle(url, metrics_of, bounded)
+
+
+def test_connection_flood_is_429_at_once_and_costs_no_kv(
+    bounded: Any,
+    metrics_of: Callable[..., dict[str, float]],
+    figures: Callable[[str], None],
+) -> None:
+    """FLOOD requests at once, on as many connections, while the row and the queue are full:
+    every one is 429, all of them while the long stream still runs; none is admitted (the
+    prompt tokens admitted do not move) and the pool's blocks grow only as the long stream
+    does, a block per 16 tokens it generates."""
+    url = bounded.url
+
+    def blocks() -> int:
+        return httpx.get(f"{url}/health", timeout=30).json()["kv_pool"]["blocks_in_use"]
+
+    async def flood(route: str) -> list[tuple[int, float]]:
+        limits = httpx.Limits(max_connections=FLOOD)
+        async with httpx.AsyncClient(base_url=url, timeout=60, limits=limits) as http:
+
+            async def one(i: int) -> tuple[int, float]:
+                started = time.monotonic()
+                if route == "/v1/models":
+                    response = await http.get(route)
+                else:
+                    response = await http.post(route, json={**SHORT, "stream": i % 2 == 0})
+                return response.status_code, time.monotonic() - started
+
+            return await asyncio.gather(*(one(i) for i in range(FLOOD)))
+
+    def median_ms(answers: list[tuple[int, float]]) -> float:
+        return 1000 * sorted(s for _, s in answers)[len(answers) // 2]
+
+    with ExitStack() as streams:
+        long = streams.enter_context(open_stream(url, LONG, first_chunk=True))
+        streams.enter_context(open_stream(url, LONG, first_chunk=False))
+        before = metrics_of(bounded)  # the token counts bracket the two block counts
+        held = blocks()
+        answers = asyncio.run(flood("/v1/completions"))
+        grown = blocks() - held
+        after = metrics_of(bounded)
+        generated = (
+            after["nanoserve:generation_tokens_total"] - before["nanoserve:generation_tokens_total"]
+        )
+        assert not long.is_closed
+        # The cost, against the same flood of the lightest route, alternated: 3 rounds.
+        ratios = []
+        for _ in range(3):
+            baseline = asyncio.run(flood("/v1/models"))
+            refused = asyncio.run(flood("/v1/completions"))
+            assert Counter(status for status, _ in baseline) == Counter({200: FLOOD})
+            assert Counter(status for status, _ in refused) == Counter({429: FLOOD})
+            ratios.append(median_ms(refused) / median_ms(baseline))
+    assert Counter(status for status, _ in answers) == Counter({429: FLOOD})
+    assert after["nanoserve:num_requests_running"] == 1  # all came while the row was busy
+    assert after["nanoserve:prompt_tokens_total"] == before["nanoserve:prompt_tokens_total"]
+    assert grown <= -(-generated // 16) + 1, (grown, generated)  # a block per 16, and one begun
+    wait_idle(url, metrics_of, bounded)
+    figures(
+        f"flood: {FLOOD} requests at once beyond --max-waiting, a stream running: all 429,"
+        f" median {median_ms(answers):.0f} ms; per round, its median over that of the same"
+        f" flood of GET /v1/models: {', '.join(f'{r:.2f}' for r in ratios)};"
+        f" none admitted; blocks +{grown} as the long stream generated {generated:.0f} tokens"
+    )
 
 
 def test_sigterm_with_a_stream_in_flight(bounded: Any) -> None:

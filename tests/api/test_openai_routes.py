@@ -585,6 +585,22 @@ async def test_a_refused_submit_is_an_error_before_any_byte(
     assert fake.submitted == []
 
 
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+async def test_a_full_queue_is_429_before_the_body_is_read(path: str) -> None:
+    """The body here is not even JSON: refused for the queue, it was never decoded."""
+    fake = FakeEngine(room=0)
+    async with fake_server(fake) as (client, _):
+        response = await client.post(
+            path, content=b"{not json", headers={"content-type": "application/json"}
+        )
+        models = await client.get("/v1/models")
+    error = openai_error(response, 429, code="queue_full")
+    assert error["message"] == "the fake's queue takes 0 more"
+    assert response.headers["retry-after"] == "1"
+    assert fake.submitted == []
+    assert models.status_code == 200  # a GET asks for no room
+
+
 async def test_a_refused_prompt_closes_the_prompts_submitted_before_it() -> None:
     fake = FakeEngine(refusals=[None, QueueFullError("full")])
     async with fake_server(fake) as (client, _):

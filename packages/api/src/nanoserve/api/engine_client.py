@@ -56,6 +56,10 @@ class EngineClient(Protocol):
         """Requests accepted but not yet handed to the engine (queued, for /metrics)."""
         ...
 
+    def check_room(self, samples: int = 1) -> None:
+        """QueueFullError unless `samples` more fit in the waiting queue."""
+        ...
+
     def render_chat(self, messages: Sequence[Mapping[str, Any]], **extra: object) -> str: ...
 
     def default_max_tokens(self, prompt_len: int) -> int:

@@ -25,9 +25,10 @@ from nanoserve.api.translate import translate_chat, translate_completion
 from nanoserve.runtime.engine.engine import RequestError
 
 
-def require_json(request: Request) -> None:
-    """POST bodies are JSON: any other Content-Type (or none) is a 415, before the body is
-    read. A parameter (`; charset=utf-8`) is fine; `application/*+json` is JSON too."""
+def admit(request: Request) -> None:
+    """Before a POST's body is read: JSON only (any other Content-Type, or none, is a 415; a
+    parameter such as `; charset=utf-8` is fine, `application/*+json` is JSON too), and 429 at
+    once when the waiting queue is already full, so a flood costs its headers and no more."""
     if request.method != "POST":
         return
     media = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
@@ -36,11 +37,14 @@ def require_json(request: Request) -> None:
     ):
         shown = media or "none"
         raise APIError(415, f"the request body must be application/json (Content-Type: {shown})")
+    server: ServerState = request.app.state["server"]
+    if server.engine is not None and server.engine_error is None:
+        server.engine.check_room()
 
 
 class OpenAIController(Controller):
     path = "/v1"
-    before_request = require_json
+    before_request = admit
 
     @get("/models")
     async def models(self, server: NamedDependency[ServerState]) -> ModelList:

@@ -248,6 +248,16 @@ class AsyncEngine:
 
     # -- requests ---------------------------------------------------------------------------
 
+    def check_room(self, samples: int = 1) -> None:
+        """QueueFullError unless `samples` more fit in the waiting queue (--max-waiting); the
+        server asks before it reads a body, so a flood is refused at the cost of its headers."""
+        limit = self.engine.config.max_waiting
+        pending = self.engine.num_waiting + sum(
+            m.params.n for m in tuple(self._inbox) if isinstance(m, AddRequest)
+        )
+        if limit is not None and pending + samples > limit:
+            raise QueueFullError(f"{pending} requests are waiting (limit {limit}); try again later")
+
     def add_request(
         self, request_id: str, prompt_ids: Sequence[int], params: SamplingParams
     ) -> asyncio.Queue[Delta | BaseException]:
@@ -264,11 +274,7 @@ class AsyncEngine:
         limit = self.engine.config.max_waiting
         if limit is not None and params.n > limit:
             raise RequestError("n", f"n ({params.n}) exceeds the waiting queue's bound ({limit})")
-        pending = self.engine.num_waiting + sum(
-            m.params.n for m in tuple(self._inbox) if isinstance(m, AddRequest)
-        )
-        if limit is not None and pending + params.n > limit:
-            raise QueueFullError(f"{pending} requests are waiting (limit {limit}); try again later")
+        self.check_room(params.n)
         if request_id in self._streams:
             raise RequestError("request_id", f"request {request_id!r} is already in flight")
         stream: asyncio.Queue[Delta | BaseException] = asyncio.Queue()
