@@ -100,6 +100,15 @@ def test_namespace_dict_strftime_and_generation_tag() -> None:
     assert _render("{% generation %}x{% endgeneration %}y") == "xy"
 
 
+def test_a_range_past_the_sandbox_bound_is_a_chat_template_error() -> None:
+    with pytest.raises(ChatTemplateError, match=r"^t.jinja: chat template failed: OverflowError"):
+        _render("{% for i in range(10**9) %}{% endfor %}")
+
+
+def test_bounded_products_still_render() -> None:
+    assert _render("{{ '-' * 3 }}{{ 2 ** 10 }}{{ [1] * 2 }}") == "---1024[1, 1]"
+
+
 def test_raise_exception_becomes_chat_template_error() -> None:
     template = "{% if messages[0]['role'] != 'user' %}{{ raise_exception('first must be user') }}{% endif %}"
     with pytest.raises(
@@ -119,6 +128,24 @@ def test_raise_exception_becomes_chat_template_error() -> None:
         "{% set ns = namespace(_secret=1) %}",
         "{{ messages.append(1) }}",  # the environment is immutable
         "{{ dict.__call__.__globals__ }}",
+        # The known escapes beyond attribute access, each a way round the stock checks:
+        "{{ lipsum.__globals__ }}",  # Jinja's own globals are functions too
+        "{{ joiner.__init__.__globals__ }}",
+        "{{ namespace.__init__.__globals__ }}",
+        "{{ ''|attr('__class__') }}",  # the attr filter
+        "{{ ''|attr('\\x5f\\x5fclass\\x5f\\x5f') }}",  # the name escaped
+        "{{ '{0.__class__}'.format('') }}",  # str.format's own attribute lookup
+        "{{ messages|map(attribute='__class__')|list }}",
+        "{{ self.__init__.__globals__ }}",
+        "{{ self._TemplateReference__context }}",
+        "{{ messages[0].__getitem__.__self__ }}",
+        "{{ strftime_now.__globals__ }}",
+        "{{ raise_exception.__code__ }}",
+        "{% set x = messages.pop() %}",
+        # Resource bombs: the stock sandbox bounds range(); these are bounded here.
+        "{{ 'a' * 10**7 }}",
+        "{{ [0] * 2000000 }}",
+        "{{ 10 ** 1000000000 }}",
     ],
 )
 def test_sandbox_escape_is_refused(template: str) -> None:

@@ -114,19 +114,41 @@ class ChatTemplate:
             ) from None
         except TemplateError as error:  # raise_exception(...) and undefined-variable errors
             raise ChatTemplateError(self.source, f"chat template failed: {error}") from None
-        except (TypeError, ValueError, KeyError, AttributeError) as error:
+        except (TypeError, ValueError, KeyError, AttributeError, OverflowError) as error:
             raise ChatTemplateError(
                 self.source, f"chat template failed: {type(error).__name__}: {error}"
             ) from None
 
 
+MAX_PRODUCT_LEN = 1 << 20  # items a template's `text * n` may make: a prompt, not a bomb
+MAX_EXPONENT = 256  # of `a ** b`: 10 ** 10 ** 9 would hold the render thread for minutes
+
+
 class _StrictSandbox(ImmutableSandboxedEnvironment):
-    """The stock immutable sandbox, except that an unsafe attribute raises rather than rendering ''."""
+    """The stock immutable sandbox, except that an unsafe attribute raises rather than rendering
+    '', and that `*` and `**` are bounded (the stock sandbox bounds `range` alone)."""
+
+    intercepted_binops = frozenset({"*", "**"})
 
     def unsafe_undefined(self, obj: Any, attribute: str) -> NoReturn:
         raise SecurityError(
             f"access to attribute {attribute!r} of {type(obj).__name__!r} is unsafe"
         )
+
+    def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
+        if operator == "**" and isinstance(right, int) and abs(right) > MAX_EXPONENT:
+            raise SecurityError(f"an exponent of {right} is past the sandbox's {MAX_EXPONENT}")
+        if operator == "*":
+            for seq, times in ((left, right), (right, left)):
+                if (
+                    isinstance(seq, str | list | tuple)
+                    and isinstance(times, int)
+                    and len(seq) * times > MAX_PRODUCT_LEN
+                ):
+                    raise SecurityError(
+                        f"{len(seq)} items times {times} is past the sandbox's {MAX_PRODUCT_LEN}"
+                    )
+        return super().call_binop(context, operator, left, right)
 
 
 class _GenerationTag(jinja2.ext.Extension):
