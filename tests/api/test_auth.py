@@ -114,3 +114,23 @@ def test_openai_client_with_key() -> None:
         )
         with pytest.raises(openai.AuthenticationError):
             bad.models.list()
+
+
+@pytest.mark.anyio
+async def test_the_key_is_compared_in_constant_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    """hmac.compare_digest sees the whole header against the whole expected value, and its
+    answer alone decides: a spy that says yes to everything lets a wrong key in (no `==`, no
+    early exit on a prefix, before or after it)."""
+    import hmac
+
+    calls: list[tuple[bytes, bytes]] = []
+
+    def always_yes(given: bytes, expected: bytes) -> bool:
+        calls.append((given, expected))
+        return True
+
+    monkeypatch.setattr(hmac, "compare_digest", always_yes)
+    async with fake_server(FakeEngine(), api_key=KEY) as (client, _):
+        response = await client.get("/v1/models", headers={"authorization": "Bearer nope"})
+    assert response.status_code == 200
+    assert calls == [(b"Bearer nope", f"Bearer {KEY}".encode())]
