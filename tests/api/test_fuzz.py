@@ -95,7 +95,7 @@ def plausible(body: Any, data: st.DataObject) -> Any:
             continue
         clamped = min(max(value, low), high)
         body[name] = int(clamped) if isinstance(low, int) else float(clamped)
-    if "best_of" in body and isinstance(body.get("n"), int):
+    if isinstance(body.get("best_of"), int) and isinstance(body.get("n"), int):
         body["best_of"] = max(body["best_of"], body["n"])
     if "logit_bias" in body:
         body["logit_bias"] = {"5": 1.0}
