@@ -73,9 +73,9 @@ def raised(error: Exception) -> dict[str, object]:
             "the engine died: OSError: [Errno 5] <path> failed",
         ),
         (
-            ChatTemplateError("/home/me/model", "the model has no chat template"),
+            ChatTemplateError("models/me", "the model has no chat template"),
             400,
-            "<path>: the model has no chat template",
+            "the model has no chat template",
         ),
     ],
 )

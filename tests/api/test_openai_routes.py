@@ -343,6 +343,15 @@ async def test_best_of_refusals(fields: dict[str, Any], message: str) -> None:
     assert fake.submitted == []
 
 
+@pytest.mark.parametrize(
+    "fields", [{"n": 65, "best_of": 65}, {"n": 0, "best_of": 1, "stream": True}]
+)
+async def test_a_bad_n_is_named_before_best_of(fields: dict[str, Any]) -> None:
+    async with fake_server(FakeEngine()) as (client, _):
+        response = await client.post("/v1/completions", json={"prompt": "Hi", **fields})
+    openai_error(response, 400, param="n")
+
+
 @pytest.mark.parametrize("best_of", [1, 64])
 async def test_best_of_at_its_bounds_is_served(best_of: int) -> None:
     fake = FakeEngine()

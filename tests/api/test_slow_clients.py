@@ -1,7 +1,7 @@
 """Slow and oversized requests against a live server (`--read-timeout 0.5`, tiny model): a
 client that trickles its head or its body is answered 408 in OpenAI's shape and cut off, one that
 sends nothing is cut off, a head past 16 KiB is a JSON 400; none of it reaches the engine or
-stalls anyone else, and a keep-alive client or a slow stream reader is not mistaken for one.
+stalls anyone else, and a kept-alive connection idle between requests is not mistaken for one.
 
 Socket timeouts here bound a hang (the failure), they do not time the server."""
 
@@ -138,19 +138,15 @@ def test_others_are_served_while_slow_clients_hold_connections(guarded: Any) -> 
             sock.close()
 
 
-def test_keep_alive_and_slow_readers_are_not_cut_off(guarded: Any) -> None:
-    """The deadline is on reading a request: not on the idle time between two requests of one
-    connection (that is the keep-alive timeout's, 5 s), nor on a stream its client reads slowly."""
-    body = {"prompt": "hello", "max_tokens": 60, "temperature": 0, "ignore_eos": True}
+def test_a_kept_alive_connection_is_not_cut_off_between_requests(guarded: Any) -> None:
+    """The deadline is on reading a request, not on the idle time between two requests of one
+    connection (that is the keep-alive timeout's, 5 s); that a long answer is not cut off is
+    test_http_protocol.py's (no deadline once a request is read whole)."""
+    body = {"prompt": "hello", "max_tokens": 8, "temperature": 0}
     with httpx.Client(base_url=guarded.url, timeout=HANG_S) as client:
-        assert client.post("/v1/completions", json=body).status_code == 200
+        first = client.post("/v1/completions", json=body)
         time.sleep(3 * READ_TIMEOUT_S)
-        assert client.post("/v1/completions", json=body).status_code == 200
-        events = 0
-        started = time.monotonic()
-        with client.stream("POST", "/v1/completions", json={**body, "stream": True}) as stream:
-            for line in stream.iter_lines():
-                events += line.startswith("data: ")
-                time.sleep(0.05)
-        assert time.monotonic() - started > 2 * READ_TIMEOUT_S  # the reading outlasted it
-        assert events == 61  # 60 tokens, then [DONE]
+        second = client.post("/v1/completions", json=body)
+        streamed = client.post("/v1/completions", json={**body, "stream": True})
+    assert first.status_code == second.status_code == streamed.status_code == 200
+    assert streamed.text.rstrip().endswith("data: [DONE]")

@@ -106,7 +106,8 @@ def test_a_range_past_the_sandbox_bound_is_a_chat_template_error() -> None:
 
 
 def test_bounded_products_still_render() -> None:
-    assert _render("{{ '-' * 3 }}{{ 2 ** 10 }}{{ [1] * 2 }}") == "---1024[1, 1]"
+    assert _render("{{ '-' * 3 }}{{ 2 ** 10 }}{{ [1] * 2 }}{{ 3 * 4 }}") == "---1024[1, 1]12"
+    assert _render("{{ 2 ** 4000 }}") == str(2**4000)
 
 
 def test_raise_exception_becomes_chat_template_error() -> None:
@@ -146,6 +147,9 @@ def test_raise_exception_becomes_chat_template_error() -> None:
         "{{ 'a' * 10**7 }}",
         "{{ [0] * 2000000 }}",
         "{{ 10 ** 1000000000 }}",
+        "{{ ((10 ** 256) ** 256) ** 256 }}",  # each step's exponent is small
+        "{% set ns = namespace(x=10**300) %}{% for i in range(30) %}{% set ns.x = ns.x * ns.x %}{% endfor %}",
+        "{% for i in range(100000) %}{{ 'x' * 1000000 }}{% endfor %}",  # 100 GB, a chunk at a time
     ],
 )
 def test_sandbox_escape_is_refused(template: str) -> None:

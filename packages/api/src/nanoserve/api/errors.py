@@ -137,7 +137,9 @@ def handle_bad_parameter(_: Request, error: FieldError | RequestError) -> Respon
 
 
 def handle_chat_template(_: Request, error: ChatTemplateError) -> Response[ErrorResponse]:
-    return error_response(400, without_paths(str(error)))  # its source is the model's directory
+    # Its source is the model's directory, as the operator typed it (relative, perhaps): the
+    # client is told the problem alone.
+    return error_response(400, without_paths(error.problem))
 
 
 def handle_queue_full(_: Request, error: QueueFullError) -> Response[ErrorResponse]:

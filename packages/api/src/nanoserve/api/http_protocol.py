@@ -29,21 +29,27 @@ KEEP_ALIVE_S = 5  # uvicorn's default, named: an idle keep-alive connection is c
 
 
 class DeadlineProtocol(H11Protocol):
-    """H11Protocol with a deadline on reading each request; `read_timeout` None: none."""
+    """H11Protocol with a deadline on reading each request; `read_timeout` None: none.
+
+    After every event (bytes in, a response done) the deadline is kept in step with h11's view
+    of the client: reading a request (its head begun but unfinished, or its body) has one,
+    started at that request's first byte; anything else has none, and an idle connection
+    between requests has uvicorn's keep-alive timer instead."""
 
     read_timeout: float | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         self._read_deadline: asyncio.TimerHandle | None = None
         super().connection_made(transport)
-        self._arm()
+        self._arm()  # a new connection: its first request is due
 
     def data_received(self, data: bytes) -> None:
-        if self._read_deadline is None and self.conn.their_state is h11.IDLE:
-            self._arm()  # the first byte of the connection's next request
         super().data_received(data)
-        if self.conn.their_state not in (h11.IDLE, h11.SEND_BODY):
-            self._disarm()  # read whole (DONE), or refused (ERROR), or the client closed
+        self._keep_in_step()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()  # may start reading a pipelined request
+        self._keep_in_step()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
@@ -52,16 +58,31 @@ class DeadlineProtocol(H11Protocol):
     def send_400_response(self, msg: str) -> None:
         """uvicorn's answer to a head h11 cannot parse (or too big), in OpenAI's shape."""
         message = f"invalid HTTP request (malformed, or a head over {MAX_HEAD_BYTES} bytes)"
-        body = msgspec.json.encode(error_body(400, message))
-        headers = [
-            (b"content-type", b"application/json"),
-            (b"content-length", str(len(body)).encode()),
-            (b"connection", b"close"),
-        ]
-        self.transport.write(self.conn.send(h11.Response(status_code=400, headers=headers)))
-        self.transport.write(self.conn.send(h11.Data(data=body)))
-        self.transport.write(self.conn.send(h11.EndOfMessage()))
-        self.transport.close()
+        self._answer_and_close(400, message, None)
+
+    def _reading(self) -> bool:
+        """A request is on its way in: a body being read, or bytes of a head (the first
+        request of a new connection counts as begun)."""
+        state = self.conn.their_state
+        if state is h11.SEND_BODY:
+            return True
+        return state is h11.IDLE and (bool(self.conn.trailing_data[0]) or self.cycle is None)
+
+    def _keep_in_step(self) -> None:
+        if self.transport.is_closing():
+            self._disarm()
+        elif self._reading():
+            if self._read_deadline is None:
+                self._arm()  # the first byte of this request
+        else:
+            self._disarm()
+            idle = self.conn.their_state is h11.IDLE and self.conn.our_state is h11.IDLE
+            if idle and self.timeout_keep_alive_task is None:
+                # Between requests (e.g. after an answer given before its body was read, whose
+                # body's end restarted the cycle): keep-alive's timer, as after any response.
+                self.timeout_keep_alive_task = self.loop.call_later(
+                    self.timeout_keep_alive, self.timeout_keep_alive_handler
+                )
 
     def _arm(self) -> None:
         if self.read_timeout is not None:
@@ -76,18 +97,27 @@ class DeadlineProtocol(H11Protocol):
         self._read_deadline = None
         if self.transport.is_closing():
             return
-        sent_nothing = self.conn.their_state is h11.IDLE and not self.conn.trailing_data[0]
-        answering = self.cycle is not None and self.cycle.response_started
-        if not (sent_nothing or answering):
-            message = (
-                f"the request did not arrive whole within {self.read_timeout:g} s (--read-timeout)"
-            )
-            body = msgspec.json.encode(error_body(408, message, code="read_timeout"))
-            # Raw bytes: h11 will not answer a request whose head it has not yet read.
-            self.transport.write(
-                b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\n"
-                b"content-length: %d\r\nconnection: close\r\n\r\n%s" % (len(body), body)
-            )
+        if self.conn.their_state is h11.IDLE and not self.conn.trailing_data[0]:
+            self.transport.close()  # a new connection that never sent a byte: no answer owed
+            return
+        message = (
+            f"the request did not arrive whole within {self.read_timeout:g} s (--read-timeout)"
+        )
+        self._answer_and_close(408, message, "read_timeout")
+
+    def _answer_and_close(self, status: int, message: str, code: str | None) -> None:
+        """OpenAI's error body, and the connection closed; if an answer has already begun (an
+        early 413, 415 or 429 while the body still arrives), only the close."""
+        if self.conn.our_state in (h11.IDLE, h11.SEND_RESPONSE):
+            body = msgspec.json.encode(error_body(status, message, code=code))
+            headers = [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                (b"connection", b"close"),
+            ]
+            self.transport.write(self.conn.send(h11.Response(status_code=status, headers=headers)))
+            self.transport.write(self.conn.send(h11.Data(data=body)))
+            self.transport.write(self.conn.send(h11.EndOfMessage()))
         self.transport.close()
 
 

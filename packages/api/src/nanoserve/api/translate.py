@@ -93,7 +93,7 @@ def check_best_of(request: CompletionRequest) -> int:
     """best_of (default n): samples run per prompt, of which the n best are returned. OpenAI's
     rules: at least n, and not streamed unless equal to n (the best are known only at the end)."""
     n, best_of = request.n, request.best_of
-    if best_of is None or not isinstance(n, int) or isinstance(n, bool):
+    if best_of is None or isinstance(n, bool) or not 1 <= n <= MAX_SAMPLES:
         return n  # n's own check (SamplingParams) words a bad n
     if not n <= best_of <= MAX_SAMPLES:
         raise APIError(

@@ -251,6 +251,8 @@ class AsyncEngine:
     def check_room(self, samples: int = 1) -> None:
         """QueueFullError unless `samples` more fit in the waiting queue (--max-waiting); the
         server asks before it reads a body, so a flood is refused at the cost of its headers."""
+        if self.dead is not None or self._closing:
+            return  # add_request says why with its 503
         limit = self.engine.config.max_waiting
         pending = self.engine.num_waiting + sum(
             m.params.n for m in tuple(self._inbox) if isinstance(m, AddRequest)

@@ -14,6 +14,7 @@ prompt text is identical to what the model was trained and evaluated with.
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
@@ -44,6 +45,13 @@ class TemplateSource(Protocol):
     def tokenizer(self) -> Tokenizer: ...
     @property
     def path(self) -> Path: ...
+
+
+# Bounds on what a template may build (the stock sandbox bounds range() alone): a prompt, not a
+# bomb. A template comes with the model, not from clients, but a model repository is not trusted.
+MAX_PRODUCT_LEN = 1 << 20  # items of a `text * n` or `list * n`
+MAX_INT_BITS = 4096  # of an integer `a * b` or `a ** b`: (10**256)**256 would hold the thread
+MAX_RENDER_CHARS = 16 << 20  # of the whole output
 
 
 class ChatTemplate:
@@ -92,6 +100,19 @@ class ChatTemplate:
             special_tokens={k: v for k, v in special.items() if v is not None},
         )
 
+    def _render_bounded(self, context: dict[str, Any]) -> str:
+        """The template's output, chunk by chunk, refused once past MAX_RENDER_CHARS: a loop
+        of big strings fails after a few, not after filling the memory."""
+        chunks, size = [], 0
+        for chunk in self._template.generate(context):
+            size += len(chunk)
+            if size > MAX_RENDER_CHARS:
+                raise SecurityError(
+                    f"the output passed the sandbox's {MAX_RENDER_CHARS} characters"
+                )
+            chunks.append(chunk)
+        return "".join(chunks)
+
     def render(
         self, messages: Sequence[Message], add_generation_prompt: bool = True, **extra: Any
     ) -> str:
@@ -107,7 +128,7 @@ class ChatTemplate:
             "add_generation_prompt": add_generation_prompt,
         }
         try:
-            return self._template.render(context)
+            return self._render_bounded(context)
         except SecurityError as error:
             raise ChatTemplateError(
                 self.source, f"chat template tried to escape its sandbox: {error}"
@@ -120,13 +141,9 @@ class ChatTemplate:
             ) from None
 
 
-MAX_PRODUCT_LEN = 1 << 20  # items a template's `text * n` may make: a prompt, not a bomb
-MAX_EXPONENT = 256  # of `a ** b`: 10 ** 10 ** 9 would hold the render thread for minutes
-
-
 class _StrictSandbox(ImmutableSandboxedEnvironment):
     """The stock immutable sandbox, except that an unsafe attribute raises rather than rendering
-    '', and that `*` and `**` are bounded (the stock sandbox bounds `range` alone)."""
+    '', and that `*` and `**` are bounded."""
 
     intercepted_binops = frozenset({"*", "**"})
 
@@ -136,8 +153,16 @@ class _StrictSandbox(ImmutableSandboxedEnvironment):
         )
 
     def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
-        if operator == "**" and isinstance(right, int) and abs(right) > MAX_EXPONENT:
-            raise SecurityError(f"an exponent of {right} is past the sandbox's {MAX_EXPONENT}")
+        if isinstance(left, int) and isinstance(right, int):
+            if operator == "**":  # the result's bits: b * log2|a|
+                bits = abs(right) * math.log2(abs(left)) if abs(left) > 1 else 0.0
+            else:
+                bits = left.bit_length() + right.bit_length()
+            if bits > MAX_INT_BITS:
+                raise SecurityError(
+                    f"{left.bit_length()}-bit {operator} {right.bit_length()}-bit integers is"
+                    f" past the sandbox's {MAX_INT_BITS} bits"
+                )
         if operator == "*":
             for seq, times in ((left, right), (right, left)):
                 if (
