@@ -31,20 +31,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from schemathesis import GenerationMode
 
+from nanoserve.api.errors import ERROR_TYPES
+
 pytestmark = pytest.mark.slow
 
 CASES = int(os.environ.get("NANOSERVE_FUZZ_CASES", "2000"))
 GET_CASES = 10  # GET routes take no parameters: a few cases say all there is to say
-ERROR_TYPES = {
-    400: "invalid_request_error",
-    401: "authentication_error",
-    404: "not_found_error",
-    405: "invalid_request_error",
-    408: "timeout_error",
-    413: "invalid_request_error",
-    415: "invalid_request_error",
-    429: "rate_limit_error",
-}
 ROLES = ("system", "user", "assistant")
 LEAKS = ("Traceback", "site-packages", 'File "')
 

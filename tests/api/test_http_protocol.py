@@ -55,8 +55,10 @@ async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
     await send({"type": "http.response.body", "body": b"ok"})
 
 
-async def connection() -> tuple[DeadlineProtocol, RecordingTransport]:
-    config = uvicorn.Config(app=app, http=protocol_class(30.0), log_level="warning")
+async def connection(
+    read_timeout: float | None = 30.0,
+) -> tuple[DeadlineProtocol, RecordingTransport]:
+    config = uvicorn.Config(app=app, http=protocol_class(read_timeout), log_level="warning")
     config.load()
     proto = config.http_protocol_class(
         config=config, server_state=ServerState(), app_state={}, _loop=asyncio.get_running_loop()
@@ -152,11 +154,6 @@ async def test_an_answer_already_begun_is_not_followed_by_a_408() -> None:
 
 
 async def test_no_read_timeout_means_no_deadline() -> None:
-    config = uvicorn.Config(app=app, http=protocol_class(None), log_level="warning")
-    config.load()
-    proto = config.http_protocol_class(
-        config=config, server_state=ServerState(), app_state={}, _loop=asyncio.get_running_loop()
-    )
-    proto.connection_made(RecordingTransport())
+    proto, _ = await connection(read_timeout=None)
     proto.data_received(b"GET /a HTTP/1.1\r\n")
     assert proto._read_deadline is None

@@ -17,7 +17,7 @@ from nanoserve.runtime.errors import ChatTemplateError
 
 log = logging.getLogger("nanoserve.api")
 
-_TYPES = {
+ERROR_TYPES = {  # OpenAI's `type` for each status
     400: "invalid_request_error",
     401: "authentication_error",
     404: "not_found_error",
@@ -81,7 +81,9 @@ def error_body(
     if status >= 500:
         message = without_paths(message)
     return ErrorResponse(
-        error=ErrorInfo(message=message, type=_TYPES.get(status, "error"), param=param, code=code)
+        error=ErrorInfo(
+            message=message, type=ERROR_TYPES.get(status, "error"), param=param, code=code
+        )
     )
 
 

@@ -38,8 +38,8 @@ def admit(request: Request) -> None:
         shown = media or "none"
         raise APIError(415, f"the request body must be application/json (Content-Type: {shown})")
     server: ServerState = request.app.state["server"]
-    if server.engine is not None and server.engine_error is None:
-        server.engine.check_room()
+    if server.engine is not None:
+        server.engine.check_room()  # a dead or closing engine's 503 comes from submit
 
 
 class OpenAIController(Controller):

@@ -17,6 +17,7 @@ from nanoserve.api.schemas import ChatMessage, ChatRequest, CompletionRequest, _
 from nanoserve.api.structured_outputs import requested_grammar
 from nanoserve.api.tool_calls import ToolPlan, default_tool_prompt, plan_tools, wire_call
 from nanoserve.runtime.engine.sampling_params import (
+    MAX_N,
     MAX_TOP_LOGPROBS,
     SEED_END,
     SEED_MIN,
@@ -25,7 +26,6 @@ from nanoserve.runtime.engine.sampling_params import (
 from nanoserve.runtime.structured.grammar_spec import GrammarSpec
 
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's legacy completions default
-MAX_SAMPLES = 64  # n and best_of: SamplingParams' bound on n
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,11 +93,11 @@ def check_best_of(request: CompletionRequest) -> int:
     """best_of (default n): samples run per prompt, of which the n best are returned. OpenAI's
     rules: at least n, and not streamed unless equal to n (the best are known only at the end)."""
     n, best_of = request.n, request.best_of
-    if best_of is None or isinstance(n, bool) or not 1 <= n <= MAX_SAMPLES:
+    if best_of is None or isinstance(n, bool) or not 1 <= n <= MAX_N:
         return n  # n's own check (SamplingParams) words a bad n
-    if not n <= best_of <= MAX_SAMPLES:
+    if not n <= best_of <= MAX_N:
         raise APIError(
-            400, f"best_of must be an integer in [n, {MAX_SAMPLES}] (n is {n})", param="best_of"
+            400, f"best_of must be an integer in [n, {MAX_N}] (n is {n})", param="best_of"
         )
     if request.stream and best_of > n:
         raise APIError(400, "best_of > n cannot be streamed", param="best_of")

@@ -9,6 +9,7 @@ from nanoserve.core.errors import FieldError
 from nanoserve.runtime.structured.grammar_spec import GrammarSpec
 
 MAX_TOP_LOGPROBS = 20
+MAX_N = 64  # samples per request (and best_of, the API's)
 MAX_LOGIT_BIAS = 300  # entries, as OpenAI bounds it: the sampler scatters them every step
 # A request's n samples seed their generators with seed + index (index < 64), and torch's
 # generators take 64 bits: seeds in [SEED_MIN, SEED_END).
@@ -75,8 +76,8 @@ class SamplingParams:
             not _is_int(self.logprobs) or not 0 <= self.logprobs <= MAX_TOP_LOGPROBS
         ):
             raise bad("logprobs", f"must be an integer in [0, {MAX_TOP_LOGPROBS}]")
-        if not _is_int(self.n) or not 1 <= self.n <= 64:
-            raise bad("n", "must be an integer in [1, 64]")
+        if not _is_int(self.n) or not 1 <= self.n <= MAX_N:
+            raise bad("n", f"must be an integer in [1, {MAX_N}]")
         if any(not isinstance(s, str) or not s for s in self.stop) or len(self.stop) > 16:
             raise bad("stop", "must be up to 16 non-empty strings")
         if any(not _is_int(t) or t < 0 for t in self.stop_token_ids):
