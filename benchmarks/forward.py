@@ -1,15 +1,21 @@
-"""Prefill and single-stream decode of the embedded model, beside llama.cpp and transformers.
+"""Prefill and single-stream decode over the model set, beside llama.cpp (and transformers).
 
-    python -m benchmarks.forward [--repeats 3] [--no-reference] [--no-peer]
+    python -m benchmarks.forward [--models smollm2-135m,qwen2.5-coder-0.5b] [--repeats 3]
+                                 [--no-reference] [--no-peer]
 
-In one process and run, on this machine: nanoserve in each weight form (fp32 exact, bf16,
-bf16 + int8, and q4 / q8 on nanoserve's CPU kernels), transformers (fp32, bf16) on the same
-dequantized weights, and llama.cpp's `llama-bench` (pp512 / tg128) on the same GGUF.
+In one process and run, on this machine, per model of the set (benchmarks/models.py):
+nanoserve in each weight form, llama.cpp's `llama-bench` (pp512 / tg128) on the same GGUF, and
+for the embedded model transformers (fp32, bf16) on the same dequantized weights.
 
+- forms: the embedded model in every form (fp32 exact, bf16, bf16 + int8, q4, q8 and gguf);
+  the others as served (gguf: each tensor in its file's type) and re-quantized (q4, q8), with
+  fp32 exact (the dequantized weights in float32, torch) as the accuracy reference only;
 - prefill: one forward over a 512-token prompt (tok/s), like pp512;
 - decode: 128 greedy tokens after a 16-token prompt (tok/s), like tg128;
-- accuracy: every fast form teacher-forced over a fixed 320-token text against the fp32 exact
-  form's logits: max and mean |logit difference| and top-1 agreement per position.
+- accuracy: every form teacher-forced over a fixed ~320-token text against the fp32 exact
+  form's logits: max and mean |logit difference| and top-1 agreement per position; and
+  llama.cpp's own top-1 on the same positions (its server, greedy, one position a request
+  with the prompt cached), against the same reference.
 
 Medians of --repeats runs; ratios are against the baseline measured in this run.
 """
@@ -17,30 +23,40 @@ Medians of --repeats runs; ratios are against the baseline measured in this run.
 from __future__ import annotations
 
 import argparse
+import gc
 import statistics
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from benchmarks.common import cpu_line, median_seconds, pin_threads, table, write_csv
-from benchmarks.peer import find_peer, llama_bench
+from benchmarks.models import BenchModel, model_set
+from benchmarks.peer import Peer, find_peer, llama_bench, teacher_forced_top1
 from nanoserve.core import BlockTable, PrefillChunk, plan_kv_pool, plan_prefill
 from nanoserve.runtime.engine.engine import Engine
 from nanoserve.runtime.engine.sampling_params import SamplingParams
 from nanoserve.runtime.engine_config import EngineConfig
 from nanoserve.runtime.loading.checkpoint import Checkpoint, load_checkpoint
-from nanoserve.runtime.loading.embedded import embedded_model_path
 from nanoserve.runtime.model.kv_pool import KVPool
 from nanoserve.runtime.model.llama import LlamaModel
 
-# (label, dtype, quantize): the exact mode first, it is the accuracy reference.
-FORMS = (
-    ("float32 (exact)", torch.float32, None),
-    ("bfloat16", torch.bfloat16, None),
-    ("bfloat16+int8", torch.bfloat16, "int8"),
-    ("q4 (kernels)", torch.bfloat16, "q4"),
-    ("q8 (kernels)", torch.bfloat16, "q8"),
+# (label, dtype, quantize, timed): the exact mode first, it is the accuracy reference.
+EMBEDDED_FORMS = (
+    ("float32 (exact)", torch.float32, None, True),
+    ("bfloat16", torch.bfloat16, None, True),
+    ("bfloat16+int8", torch.bfloat16, "int8", True),
+    ("q4 (kernels)", torch.bfloat16, "q4", True),
+    ("q8 (kernels)", torch.bfloat16, "q8", True),
+    ("gguf (kernels)", torch.bfloat16, "gguf", True),
+)
+# A 0.5B model's fp32 torch path decodes at a few tokens a second: a reference, not a rival.
+GGUF_FORMS = (
+    ("float32 (exact)", torch.float32, None, False),
+    ("gguf (kernels)", torch.bfloat16, "gguf", True),
+    ("q4 (re-quantized)", torch.bfloat16, "q4", True),
+    ("q8 (re-quantized)", torch.bfloat16, "q8", True),
 )
 TEXT = (
     "The history of the printing press begins in the fifteenth century, when Johannes "
@@ -56,8 +72,8 @@ TEXT = (
 )
 
 
-def prompt_ids(length: int) -> list[int]:
-    return [(i * 7919) % 48000 + 17 for i in range(length)]
+def prompt_ids(length: int, vocab: int = 49152) -> list[int]:
+    return [(i * 7919) % (vocab - 1200) + 17 for i in range(length)]
 
 
 def engine_for(model: LlamaModel, checkpoint: Checkpoint) -> Engine:
@@ -77,15 +93,17 @@ def engine_for(model: LlamaModel, checkpoint: Checkpoint) -> Engine:
 def ours(model: LlamaModel, checkpoint: Checkpoint, repeats: int) -> tuple[float, float]:
     engine = engine_for(model, checkpoint)
 
+    vocab = model.config.vocab_size
+
     def prefill() -> None:
-        engine.add_request("p", prompt_ids(512), SamplingParams(max_tokens=1, temperature=0))
+        engine.add_request("p", prompt_ids(512, vocab), SamplingParams(max_tokens=1, temperature=0))
         engine.run_until_done()
 
     prefill_s = median_seconds(prefill, repeats)
 
     def decode() -> float:
         params = SamplingParams(max_tokens=129, temperature=0, ignore_eos=True)
-        engine.add_request("d", prompt_ids(16), params)
+        engine.add_request("d", prompt_ids(16, vocab), params)
         engine.step()  # the prompt and the first token
         started = time.perf_counter()
         engine.run_until_done()
@@ -140,24 +158,33 @@ def accuracy(logits: torch.Tensor, exact: torch.Tensor) -> dict[str, float]:
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--no-reference", action="store_true", help="skip transformers")
-    parser.add_argument("--no-peer", action="store_true", help="skip llama.cpp")
-    args = parser.parse_args()
-    threads = pin_threads()
-    print(cpu_line())
-    path = embedded_model_path()
-    checkpoint = load_checkpoint(path)
+def llamacpp_accuracy(
+    peer: Peer, path: Path, ids: list[int], exact: torch.Tensor, threads: int
+) -> dict[str, object]:
+    picked = torch.tensor(teacher_forced_top1(peer, path, ids, threads))
+    agreement = float((picked == exact[: len(picked)].argmax(-1)).float().mean())
+    return {
+        "form": f"llama.cpp ({peer.backend})",
+        "positions": len(picked),
+        "max_abs_dlogit": float("nan"),
+        "mean_abs_dlogit": float("nan"),
+        "top1_agreement": agreement,
+    }
 
+
+def bench_model(
+    bench: BenchModel, args: argparse.Namespace, threads: int
+) -> tuple[list[dict[str, object]], list[dict[str, object]]]:
+    path = bench.path
+    checkpoint = load_checkpoint(path)
+    embedded = bench.name == "smollm2-135m"
     peer = None if args.no_peer else find_peer(path)
     peer_rates = llama_bench(peer, path, threads, args.repeats) if peer else {}
     if peer:
-        print(f"llama.cpp backend: {peer.backend} {peer.note}".rstrip())
+        print(f"{bench.name}: llama.cpp backend {peer.backend} {peer.note}".rstrip())
 
     hf_rates: dict[torch.dtype, tuple[float, float]] = {}
-    if not args.no_reference:
+    if embedded and not args.no_reference:
         import transformers
 
         transformers.logging.set_verbosity_error()
@@ -171,37 +198,70 @@ def main() -> None:
     ids = checkpoint.tokenizer.encode(TEXT)
     rows, accuracy_rows = [], []
     exact: torch.Tensor | None = None
-    for label, dtype, quantize in FORMS:
+    nan = float("nan")
+    for label, dtype, quantize, timed in EMBEDDED_FORMS if embedded else GGUF_FORMS:
         model = LlamaModel.from_checkpoint(
             checkpoint, dtype=dtype, quantize=quantize, max_positions=1024
         )
-        prefill, decode = ours(model, checkpoint, args.repeats)
-        hf_prefill, hf_decode = hf_rates.get(dtype, (float("nan"), float("nan")))
-        rows.append(
-            {
-                "nanoserve": label,
-                "kernels": model.kernels,
-                "prefill_tok_s": prefill,
-                "decode_tok_s": decode,
-                "llamacpp_pp512": peer_rates.get("pp512", float("nan")),
-                "llamacpp_tg128": peer_rates.get("tg128", float("nan")),
-                "prefill_vs_llamacpp": prefill / peer_rates.get("pp512", float("nan")),
-                "decode_vs_llamacpp": decode / peer_rates.get("tg128", float("nan")),
-                "hf_prefill": hf_prefill,
-                "hf_decode": hf_decode,
-                "decode_vs_hf": decode / hf_decode,
-            }
-        )
-        logits = teacher_forced_logits(model, ids)
+        if timed:
+            prefill, decode = ours(model, checkpoint, args.repeats)
+            hf_decode = hf_rates.get(dtype, (nan, nan))[1]
+            rows.append(
+                {
+                    "model": bench.name,
+                    "nanoserve": label,
+                    "kernels": model.kernels,
+                    "prefill_tok_s": prefill,
+                    "decode_tok_s": decode,
+                    "llamacpp_pp512": peer_rates.get("pp512", nan),
+                    "llamacpp_tg128": peer_rates.get("tg128", nan),
+                    "prefill_vs_llamacpp": prefill / peer_rates.get("pp512", nan),
+                    "decode_vs_llamacpp": decode / peer_rates.get("tg128", nan),
+                    **(
+                        {"hf_decode": hf_decode, "decode_vs_hf": decode / hf_decode}
+                        if embedded
+                        else {}
+                    ),
+                }
+            )
+        # Positions 0 .. n-2: each predicts a token of the text (llama.cpp's are the same).
+        logits = teacher_forced_logits(model, ids)[: len(ids) - 1]
         if exact is None:
             exact = logits
         else:
-            accuracy_rows.append({"form": label, "positions": len(ids), **accuracy(logits, exact)})
+            accuracy_rows.append(
+                {"form": label, "positions": len(logits), **accuracy(logits, exact)}
+            )
         del model
-    print(table(rows, f"forward: SmolLM2-135M, {threads} threads, median of {args.repeats}"))
-    print()
-    print(table(accuracy_rows, "teacher-forced against float32 (exact) logits"))
-    print("wrote", write_csv("forward.csv", rows), write_csv("forward_accuracy.csv", accuracy_rows))
+        gc.collect()
+    if peer and exact is not None:
+        accuracy_rows.append(llamacpp_accuracy(peer, path, ids, exact, threads))
+    return rows, accuracy_rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--models", help="comma-separated names of the set (default: all served)")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--no-reference", action="store_true", help="skip transformers")
+    parser.add_argument("--no-peer", action="store_true", help="skip llama.cpp")
+    args = parser.parse_args()
+    threads = pin_threads()
+    print(cpu_line())
+    for bench in model_set(only=args.models):
+        if not bench.served:
+            print(f"{bench.name}: skipped ({bench.note})")
+            continue
+        rows, accuracy_rows = bench_model(bench, args, threads)
+        title = f"forward: {bench.name}, {threads} threads, median of {args.repeats}"
+        print(table(rows, title))
+        print()
+        print(table(accuracy_rows, f"{bench.name}: teacher-forced against float32 (exact) logits"))
+        print(
+            "wrote",
+            write_csv(f"forward_{bench.name}.csv", rows),
+            write_csv(f"forward_accuracy_{bench.name}.csv", accuracy_rows),
+        )
 
 
 if __name__ == "__main__":

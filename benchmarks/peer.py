@@ -42,13 +42,22 @@ def peer_folder() -> Path | None:
 
 
 def find_peer(gguf: Path) -> Peer | None:
-    """The peer, probed on `gguf` with a tiny llama-bench run; None (and one line) if absent."""
+    """The peer, probed on `gguf` with a tiny llama-bench run; None (and one line) if absent.
+
+    $NANOSERVE_PEER_BACKEND (haswell, zen4, ...) keeps only that CPU backend, as nanoserve's
+    NANOSERVE_KERNEL_ISA pins its path: an AVX2 machine's pair, measured here."""
     folder = peer_folder()
     if folder is None:
         print(
             f"llama.cpp peer not found (looked in {DEFAULT_DIR}; set NANOSERVE_LLAMACPP): skipped"
         )
         return None
+    if pinned := os.environ.get("NANOSERVE_PEER_BACKEND"):
+        others = [
+            p.name.removeprefix("libggml-cpu-").removesuffix(".so")
+            for p in folder.glob("libggml-cpu-*.so")
+        ]
+        folder = _without_variants(folder, [v for v in others if v != pinned])
     skipped: list[str] = []
     while True:
         probe = subprocess.run(
@@ -118,3 +127,54 @@ def llama_bench(peer: Peer, gguf: Path, threads: int, repeats: int) -> dict[str,
     for row in csv.DictReader(io.StringIO(out)):
         rates["pp512" if row["n_prompt"] == "512" else "tg128"] = float(row["avg_ts"])
     return rates
+
+
+def teacher_forced_top1(peer: Peer, gguf: Path, ids: list[int], threads: int) -> list[int]:
+    """llama.cpp's greedy next token after every prefix of `ids` ([len(ids) - 1] token ids: entry
+    i follows ids[: i + 1]), from its server with the prompt cached between requests, so each
+    request computes one new position: its top-1 on the positions nanoserve is measured on."""
+    import socket
+    import time
+
+    import httpx
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    command = [
+        peer.binary("llama-server"), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port),
+        "-t", str(threads), "-tb", str(threads), "-c", str(len(ids) + 64), "-np", "1",
+        "--no-webui",
+    ]  # fmt: skip
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                if httpx.get(url + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline or process.poll() is not None:
+                raise SystemExit("llama-server did not start for the accuracy run")
+            time.sleep(0.2)
+        picked = []
+        with httpx.Client(base_url=url, timeout=120) as client:
+            for end in range(1, len(ids)):
+                body = {
+                    "prompt": ids[:end],
+                    "n_predict": 1,
+                    "temperature": 0,
+                    "cache_prompt": True,
+                    "return_tokens": True,
+                }
+                reply = client.post("/completion", json=body).json()
+                picked.append(int(reply["tokens"][0]))
+        return picked
+    finally:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()

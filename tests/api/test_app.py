@@ -80,12 +80,23 @@ async def test_health_when_ready() -> None:
         "device": "cpu",
         "cpu": "AVX2 (avx2 fma f16c)",
         "kernels": "float32 torch/mkl",
+        "weights": None,
+        "weight_fallbacks": None,
         "decode_mode": "eager",
+        "prefill_budget": None,
         "ready_seconds": 0.25,
         "kv_pool": {**KV_POOL, "blocks_in_use": 3},
         "warm": None,
         "capture": None,
     }
+
+
+async def test_health_names_the_weight_types_served() -> None:
+    fields = {"weights": "q5_0×133 q8_0×13", "weight_fallbacks": "f16×1 as q8_0 (re-quantized)"}
+    async with fake_server(FakeEngine(status_fields=fields)) as (client, _):
+        body = (await client.get("/health")).json()
+    assert body["weights"] == "q5_0×133 q8_0×13"
+    assert body["weight_fallbacks"] == "f16×1 as q8_0 (re-quantized)"
 
 
 async def test_health_reports_the_warm_up_and_the_recordings() -> None:

@@ -146,5 +146,5 @@ def test_kernels_that_cannot_be_built_are_one_line(
     assert last.startswith("nanoserve: the CPU kernels need a C++ compiler"), result.stderr
     result = run_cli("generate", "hi", "--max-tokens", "2", env=env)
     assert result.returncode == 0, result.stderr
-    assert "cannot be built here, so q4 is served dequantized" in result.stderr
+    assert "cannot be built here, so gguf is served dequantized" in result.stderr
     assert result.stdout.strip()

@@ -225,6 +225,45 @@ def _write_tiny_gguf(
     return out
 
 
+# The fp16 fields of each block type (byte offsets in a block): scales that must be finite.
+_FP16_FIELDS: dict[str, tuple[int, ...]] = {
+    "Q4_0": (0,),
+    "Q4_1": (0, 2),
+    "Q5_0": (0,),
+    "Q5_1": (0, 2),
+    "Q8_0": (0,),
+    "Q2_K": (80, 82),
+    "Q3_K": (108,),
+    "Q4_K": (0, 2),
+    "Q5_K": (0, 2),
+    "Q6_K": (208,),
+    "IQ4_NL": (0,),
+    "IQ4_XS": (0,),
+}
+
+
+def _random_blocks(kind: str, rows: int, cols: int, seed: int, scale: float = 0.01) -> np.ndarray:
+    """A [rows, cols] tensor as valid GGUF bytes of type `kind` ([rows, bytes per row] uint8):
+    random bytes, every fp16 scale finite (N(0, scale^2)). The `gguf` package dequantizes every
+    such block but quantizes only a few types, so kernels are tested on blocks like these."""
+    import gguf
+
+    rng = np.random.default_rng(seed)
+    if kind in ("F32", "F16", "BF16"):
+        values = (rng.standard_normal((rows, cols)) * scale * 4).astype(np.float32)
+        if kind == "F16":
+            return values.astype(np.float16).view(np.uint8)
+        if kind == "BF16":
+            return (values.view(np.uint32) >> 16).astype(np.uint16).view(np.uint8)
+        return values.view(np.uint8)
+    block, nbytes = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[kind]]
+    blocks = rng.integers(0, 256, (rows, cols // block, nbytes), dtype=np.uint8)
+    for at in _FP16_FIELDS[kind]:
+        halves = (rng.standard_normal(blocks.shape[:2]) * scale).astype(np.float16)
+        blocks[..., at : at + 2] = halves[..., None].view(np.uint8)
+    return blocks.reshape(rows, -1)
+
+
 def _gguf_name(hf_name: str) -> str:
     if hf_name == "model.embed_tokens.weight":
         return "token_embd.weight"
@@ -250,6 +289,12 @@ def make_tiny_model_dir() -> Callable[..., Path]:
 def write_tiny_gguf() -> Callable[..., Path]:
     """`write_tiny_gguf(model_dir, out, *, qtype=F32, raw_tensors=None, arch=None, pre="smollm")`."""
     return _write_tiny_gguf
+
+
+@pytest.fixture(scope="session")
+def random_blocks() -> Callable[..., np.ndarray]:
+    """`random_blocks(kind, rows, cols, seed, scale=0.01)`: valid GGUF bytes of any type."""
+    return _random_blocks
 
 
 @pytest.fixture(scope="session")
@@ -280,6 +325,71 @@ def tiny_llama_untied_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def tiny_qwen2_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return _make_tiny_model_dir(tmp_path_factory.mktemp("tiny"), arch="qwen2", tie=False)
+
+
+# -- a tiny GGUF of every weight type, the way a Q4_K_M file mixes them ------------------------------
+
+# Hidden 256 and intermediate 512 so that 256-input K blocks fit every linear; each layer mixes
+# types as llama.cpp's K-quant mixes do, one tensor is F16 (served re-quantized: a fallback),
+# and the embedding (Q6_K) is untied from the output projection (Q5_0).
+MIXED_GEOMETRY: dict[str, Any] = {
+    "hidden_size": 256,
+    "intermediate_size": 512,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+}
+MIXED_TYPES: dict[str, str] = {
+    "token_embd.weight": "Q6_K",
+    "output.weight": "Q5_0",
+    "blk.0.attn_q.weight": "Q4_K",
+    "blk.0.attn_k.weight": "Q6_K",
+    "blk.0.attn_v.weight": "Q8_0",
+    "blk.0.attn_output.weight": "Q5_K",
+    "blk.0.ffn_gate.weight": "Q5_0",
+    "blk.0.ffn_up.weight": "Q4_0",
+    "blk.0.ffn_down.weight": "Q3_K",
+    "blk.1.attn_q.weight": "Q5_1",
+    "blk.1.attn_k.weight": "Q4_1",
+    "blk.1.attn_v.weight": "Q2_K",
+    "blk.1.attn_output.weight": "F16",
+    "blk.1.ffn_gate.weight": "Q4_K",
+    "blk.1.ffn_up.weight": "Q8_0",
+    "blk.1.ffn_down.weight": "Q6_K",
+}
+
+
+def _write_mixed_gguf(tmp_path: Path) -> Path:
+    """The tiny Llama's shape at hidden 256, every matrix random valid blocks of its type."""
+    import gguf
+
+    model_dir = _make_tiny_model_dir(tmp_path, tie=False, **MIXED_GEOMETRY)
+    shapes = {"token_embd.weight": (TINY_VOCAB_SIZE, 256), "output.weight": (TINY_VOCAB_SIZE, 256)}
+    for layer in range(2):
+        shapes |= {
+            f"blk.{layer}.attn_q.weight": (256, 256),
+            f"blk.{layer}.attn_k.weight": (128, 256),
+            f"blk.{layer}.attn_v.weight": (128, 256),
+            f"blk.{layer}.attn_output.weight": (256, 256),
+            f"blk.{layer}.ffn_gate.weight": (512, 256),
+            f"blk.{layer}.ffn_up.weight": (512, 256),
+            f"blk.{layer}.ffn_down.weight": (256, 512),
+        }
+    raw = {}
+    for i, (name, kind) in enumerate(MIXED_TYPES.items()):
+        rows, cols = shapes[name]
+        # K sub-scales multiply d by up to 127: smaller superblock scales keep weights O(1).
+        scale = 0.0005 if kind.endswith("_K") else 0.02
+        raw[name] = (
+            _random_blocks(kind, rows, cols, seed=i, scale=scale),
+            gguf.GGMLQuantizationType[kind],
+        )
+    return _write_tiny_gguf(model_dir, tmp_path / "mixed.gguf", raw_tensors=raw)
+
+
+@pytest.fixture(scope="session")
+def tiny_mixed_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny GGUF holding every weight type the kernels read, mixed within layers."""
+    return _write_mixed_gguf(tmp_path_factory.mktemp("mixed"))
 
 
 # -- the embedded model and its transformers reference --------------------------------------------
@@ -338,26 +448,51 @@ def tiny_llama_weights(tiny_llama_checkpoint: Checkpoint) -> dict[str, torch.Ten
 
 
 @pytest.fixture(scope="session")
+def tiny_mixed_checkpoint(tiny_mixed_gguf: Path) -> Checkpoint:
+    return load_checkpoint(tiny_mixed_gguf)
+
+
+@pytest.fixture(scope="session")
+def tiny_mixed_sources(tiny_mixed_checkpoint: Checkpoint) -> dict[str, Any]:
+    """Its tensors as the gguf form reads them: blocks (views of the file), norms as floats."""
+    from nanoserve.runtime.model.weight_forms import kept_blocks
+
+    return dict(tiny_mixed_checkpoint.sources(kept_blocks("gguf")))
+
+
+@pytest.fixture(scope="session")
 def tiny_engine_builder(
-    tiny_llama_checkpoint: Checkpoint, tiny_llama_weights: dict[str, torch.Tensor]
+    tiny_llama_checkpoint: Checkpoint,
+    tiny_llama_weights: dict[str, torch.Tensor],
+    request: pytest.FixtureRequest,
 ) -> Callable[..., Any]:
-    """`build(*, num_blocks=None, **config) -> Engine` over the tiny Llama, with no teardown check.
+    """`build(*, num_blocks=None, mixed=False, **config) -> Engine` over the tiny Llama, with no
+    teardown check.
 
     Defaults: block_size 4, max_model_len 128, max_batch 16, fp32, batch_invariant, 256 blocks.
     `num_blocks` sizes `kv_budget_bytes` to exactly that many blocks; `dtype=torch.bfloat16`
-    and `quantize="q4"` (nanoserve's CPU kernels) change the forms. Prefer `make_tiny_engine`.
+    and `quantize="q4"` (nanoserve's CPU kernels) change the forms; `mixed=True` serves the
+    tiny GGUF of every weight type (`tiny_mixed_gguf`, quantize "gguf") instead. Prefer
+    `make_tiny_engine`.
     """
     from nanoserve.runtime.engine.engine import Engine
     from nanoserve.runtime.engine_config import EngineConfig
     from nanoserve.runtime.model.llama import LlamaModel
     from nanoserve.runtime.text.chat_template import ChatTemplate
 
-    ck = tiny_llama_checkpoint
-    template = ChatTemplate.from_checkpoint(ck)
-
     def build(
-        *, num_blocks: int | None = None, dtype: torch.dtype = torch.float32, **overrides: Any
+        *,
+        num_blocks: int | None = None,
+        dtype: torch.dtype = torch.float32,
+        mixed: bool = False,
+        **overrides: Any,
     ) -> Engine:
+        if mixed:
+            ck = request.getfixturevalue("tiny_mixed_checkpoint")
+            weights = request.getfixturevalue("tiny_mixed_sources")
+        else:
+            ck, weights = tiny_llama_checkpoint, tiny_llama_weights
+        template = ChatTemplate.from_checkpoint(ck)
         config = {"block_size": 4, "max_model_len": 128, "max_batch": 16, **overrides}
         if num_blocks is None and "kv_budget_bytes" not in overrides:
             num_blocks = 256  # not the 1 GiB default: zeroing it costs seconds per engine
@@ -368,7 +503,7 @@ def tiny_engine_builder(
             config["kv_budget_bytes"] = per_slot * (num_blocks * config["block_size"] + 1)
         model = LlamaModel.from_tensors(
             ck.config,
-            tiny_llama_weights.items(),
+            weights.items(),
             dtype=dtype,
             batch_invariant=True,
             max_positions=config["max_model_len"],

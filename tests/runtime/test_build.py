@@ -152,8 +152,8 @@ def tiny_gguf(tmp_path_factory: pytest.TempPathFactory, tiny_llama_dir: Path, wr
 @pytest.mark.parametrize(
     ("kind", "quantize", "dtype", "kernels"),
     [
-        ("Q4_1", "q4", "bfloat16", "q4+q8 nanoserve/"),
-        ("Q8_0", "q8", "bfloat16", "q8+q8 nanoserve/"),
+        ("Q4_1", "gguf", "bfloat16", "gguf nanoserve/"),
+        ("Q8_0", "gguf", "bfloat16", "gguf nanoserve/"),
         ("F16", None, None, "torch/"),
     ],
 )
@@ -170,7 +170,7 @@ def test_quantize_auto_serves_the_gguf_s_own_form(
     from nanoserve.runtime.kernels.cpu_kernels import load_cpu_kernels
 
     load_cpu_kernels()  # built (or found) where every test finds them, before the cache moves
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # the F16 file's conversion lands here
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # a conversion would land here
 
     engine, lines = boot(tiny_gguf[kind], quantize="auto", dtype="auto")
     config = engine.config  # type: ignore[attr-defined]
@@ -179,7 +179,32 @@ def test_quantize_auto_serves_the_gguf_s_own_form(
     assert f"kernels={engine.runner.model.kernels}" in lines[-1]  # type: ignore[attr-defined]
     assert kernels in lines[-1]
     loaded = [line for line in lines if line.startswith("loading ")]
-    assert loaded[-1].endswith(".gguf") if quantize else "/gguf-" in loaded[-1]  # or its conversion
+    assert loaded == [f"loading {tiny_gguf[kind]}"]  # read in place, never converted
+    assert not (tmp_path / "nanoserve").exists()
+    # 14 layer matrices and the tied embedding, each served in its own type (or dense)
+    assert (f"weights=[{kind.lower()}×15]" in lines[-1]) == (quantize is not None)
+
+
+def test_a_mixed_gguf_names_its_types_and_fallbacks(tiny_mixed_gguf: Path) -> None:
+    engine, lines = boot(tiny_mixed_gguf, quantize="auto", dtype="auto")
+    model = engine.runner.model  # type: ignore[attr-defined]
+    assert engine.config.quantize == "gguf"  # type: ignore[attr-defined]
+    assert "weights without a kernel of their own: f16×1 as q8_0 (re-quantized)" in lines
+    served = dict(part.split("×") for part in model.weight_types.split())
+    assert served == {
+        "q6_k": "3", "q4_k": "2", "q8_0": "3", "q5_0": "2", "q5_k": "1", "q4_0": "1",
+        "q3_k": "1", "q5_1": "1", "q4_1": "1", "q2_k": "1",
+    }  # fmt: skip
+    assert f"weights=[{model.weight_types}]" in lines[-1]
+
+
+def test_the_prefill_budget_is_measured_at_boot(tiny_mixed_gguf: Path) -> None:
+    engine, lines = boot(tiny_mixed_gguf, quantize="auto", dtype="auto", prefill_budget="auto")
+    budget = engine.prefill_budget  # type: ignore[attr-defined]
+    assert budget is not None and budget.per_token_s > 0 and budget.base_s + budget.per_row_s > 0
+    assert engine.scheduler.prefill_budget is budget  # type: ignore[attr-defined]
+    said = next(line for line in lines if line.startswith("prefill budget:"))
+    assert f"up to {budget.tokens(1)} prompt tokens at 1 decoding row" in said
 
 
 def test_quantize_auto_on_a_float_checkpoint_is_the_dtype(tiny_llama_dir: Path) -> None:
@@ -196,7 +221,7 @@ def test_quantize_auto_without_kernels_says_so_and_serves_dequantized(
     monkeypatch.setattr(build, "kernels_available", lambda: False)
     engine, lines = boot(tiny_gguf["Q4_1"], quantize="auto", dtype="float32")
     assert engine.config.quantize is None  # type: ignore[attr-defined]
-    assert any("cannot be built here, so q4 is served dequantized" in line for line in lines)
+    assert any("cannot be built here, so gguf is served dequantized" in line for line in lines)
 
 
 def test_explicit_q4_on_a_float_checkpoint_quantizes_it(tiny_llama_dir: Path) -> None:

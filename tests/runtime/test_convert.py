@@ -126,9 +126,9 @@ def test_different_files_get_different_entries(
 def test_failed_conversion_leaves_no_entry(
     tiny_llama_dir: Path, tmp_path: Path, write_tiny_gguf: Callable[..., Path]
 ) -> None:
-    iq2 = np.zeros((128, 66), dtype=np.uint8)
+    q8_1 = np.zeros((128, 2 * 40), dtype=np.uint8)  # a type nanoserve cannot read
     bad = write_tiny_gguf(
-        tiny_llama_dir, tmp_path / "bad.gguf", raw_tensors={"blk.1.ffn_up.weight": (iq2, Q.IQ2_XXS)}
+        tiny_llama_dir, tmp_path / "bad.gguf", raw_tensors={"blk.1.ffn_up.weight": (q8_1, Q.Q8_1)}
     )
     cache = tmp_path / "cache"
     with pytest.raises(UnsupportedQuantError):

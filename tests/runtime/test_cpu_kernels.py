@@ -17,7 +17,9 @@ from nanoserve.core.token_bitmask import apply_token_bitmask
 from nanoserve.runtime.errors import KernelBuildError
 from nanoserve.runtime.kernels import cpu_kernels
 from nanoserve.runtime.kernels.cpu_kernels import ISAS, CpuKernels, load_cpu_kernels
-from nanoserve.runtime.model.quant_weight import Q4Levels, Q8Levels
+from nanoserve.runtime.loading.gguf_blocks import GgufBlocks
+from nanoserve.runtime.loading.gguf_types import BY_NAME, KERNEL_TYPES
+from nanoserve.runtime.model.quant_weight import QuantLinear, QuantWeight
 
 ops = torch.ops.nanoserve
 
@@ -63,13 +65,23 @@ def test_the_path_is_chosen_from_the_cpu(runnable_isas: list[str]) -> None:
 
 
 @pytest.mark.parametrize("rows", [1, 3, 8, 13])
-def test_linears_agree_on_every_isa(runnable_isas: list[str], rows: int) -> None:
+def test_linears_agree_on_every_isa(
+    runnable_isas: list[str], rows: int, random_blocks: Callable[..., object]
+) -> None:
+    """Every weight type's dot kernel, as parts of one linear (each its own type), with a bias:
+    the same bits on every path."""
+    kinds = sorted(KERNEL_TYPES, key=lambda k: BY_NAME[k].number)
+    parts = []
+    for i, kind in enumerate(kinds):
+        raw = torch.from_numpy(random_blocks(kind, 24 + i, 512, seed=rows * 100 + i))
+        parts.append(QuantWeight.pack(GgufBlocks(kind, raw, (24 + i, 512))))
+    linear = QuantLinear(tuple(parts))
     g = torch.Generator().manual_seed(rows)
-    w = torch.randn(40, 96, generator=g)
-    x = torch.randn(rows, 96, generator=g) * 3
-    bias = torch.randn(40, generator=g)
-    q4, q8 = Q4Levels.quantize(w).pack(), Q8Levels.quantize(w).pack()
-    assert_same_bits(on_every_isa(runnable_isas, lambda: (q4.matmul(x, bias), q8.matmul(x))))
+    x = torch.randn(rows, 512, generator=g) * 3
+    bias = torch.randn(linear.shape[0], generator=g)
+    assert_same_bits(
+        on_every_isa(runnable_isas, lambda: (linear.matmul(x, bias), linear.matmul(x)))
+    )
 
 
 def pool_and_rect(dtype: torch.dtype, seed: int) -> tuple[torch.Tensor, torch.Tensor]:

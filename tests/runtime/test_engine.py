@@ -130,6 +130,8 @@ FORMS = {
     "torch-fp32": {"dtype": torch.float32, "quantize": None},
     "torch-bf16": {"dtype": torch.bfloat16, "quantize": None},
     "q4-kernels": {"dtype": torch.bfloat16, "quantize": "q4"},
+    # every weight type, mixed within layers, each tensor in its own (tiny_mixed_gguf)
+    "gguf-mixed": {"dtype": torch.bfloat16, "quantize": "gguf", "mixed": True},
 }
 
 

@@ -170,15 +170,34 @@ def test_k_quants_dequantize_like_gguf(
 def test_unsupported_quant_type_names_type_and_tensor(
     tiny_llama_dir: Path, tmp_path: Path, write_tiny_gguf: Callable[..., Path]
 ) -> None:
-    iq2 = np.zeros((128, 66), dtype=np.uint8)  # one 256-value IQ2_XXS block (66 bytes) per row
+    q8_1 = np.zeros((128, 2 * 40), dtype=np.uint8)  # Q8_1: an activation type, never a weight
     path = write_tiny_gguf(
-        tiny_llama_dir, tmp_path / "iq2.gguf", raw_tensors={"blk.1.ffn_up.weight": (iq2, Q.IQ2_XXS)}
+        tiny_llama_dir, tmp_path / "q81.gguf", raw_tensors={"blk.1.ffn_up.weight": (q8_1, Q.Q8_1)}
     )
     with pytest.raises(UnsupportedQuantError) as caught:
         load_checkpoint(path)
     message = str(caught.value)
-    assert message.startswith(f"{path}: tensor 'blk.1.ffn_up.weight' is IQ2_XXS")
-    assert "Q4_K" in message  # and says what is supported
+    assert message.startswith(f"{path}: tensor 'blk.1.ffn_up.weight' is Q8_1")
+    assert "Q4_K" in message and "IQ4_XS" in message  # and says what is supported
+
+
+def test_iq_types_load_through_the_gguf_package(
+    tiny_llama_dir: Path, tmp_path: Path, write_tiny_gguf: Callable[..., Path]
+) -> None:
+    """A type nanoserve has no code for (IQ4_NL) is still read: dequantized by `gguf`."""
+    iq4 = _random_iq4_nl(128, 64, seed=4)
+    path = write_tiny_gguf(
+        tiny_llama_dir, tmp_path / "iq4.gguf", raw_tensors={"blk.1.ffn_up.weight": (iq4, Q.IQ4_NL)}
+    )
+    tensors = dict(load_checkpoint(path).tensors())
+    expected = gguf.quants.dequantize(iq4, Q.IQ4_NL)
+    assert np.array_equal(tensors["model.layers.1.mlp.up_proj.weight"].numpy(), expected)
+
+
+def _random_iq4_nl(rows: int, cols: int, seed: int) -> np.ndarray:
+    blocks = np.random.default_rng(seed).integers(0, 256, (rows, cols // 32, 18)).astype(np.uint8)
+    blocks[..., 0:2] = np.frombuffer(np.float16(0.01).tobytes(), np.uint8)
+    return blocks.reshape(rows, -1)
 
 
 def test_truncated_gguf(

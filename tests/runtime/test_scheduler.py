@@ -11,7 +11,7 @@ import random
 
 import pytest
 
-from nanoserve.core import BlockTable
+from nanoserve.core import BlockTable, PrefillBudget
 from nanoserve.runtime.engine.block_manager import BlockManager
 from nanoserve.runtime.engine.sampling_params import SamplingParams
 from nanoserve.runtime.engine.scheduler import QueueFullError, Scheduler, SchedulerOutput
@@ -130,6 +130,35 @@ def test_decodes_keep_running_while_a_long_prompt_is_chunked(make_seq) -> None:
     ]
     assert all(o.num_tokens <= 8 for o in outs)
     assert long.output_ids == [TOKEN]  # sampled once its last chunk ran
+
+
+def test_a_prefill_budget_bounds_prompt_tokens_while_sequences_decode(make_seq) -> None:
+    s = scheduler(prefill_budget=PrefillBudget.fixed(4, max_tokens=64))
+    a, b = make_seq(3, max_tokens=10), make_seq(2, max_tokens=10)
+    s.add([a, b])
+    assert shape(drive(s)) == [(a.seq_id, 3), (b.seq_id, 2)]  # nothing decodes: the whole step
+    long = make_seq(10, max_tokens=2)
+    s.add([long])
+    outs = [drive(s) for _ in range(3)]
+    assert [shape(o) for o in outs] == [
+        [(a.seq_id, 1), (b.seq_id, 1), (long.seq_id, 4)],
+        [(a.seq_id, 1), (b.seq_id, 1), (long.seq_id, 4)],
+        [(a.seq_id, 1), (b.seq_id, 1), (long.seq_id, 2)],
+    ]
+    assert long.output_ids == [TOKEN]
+
+
+def test_a_decoding_row_is_never_left_out_by_an_earlier_prompt(make_seq) -> None:
+    """Admission order puts a long prompt before a later sequence already decoding (after a
+    preemption, say): the decode row still gets its token, the prompt the rest."""
+    s = scheduler(max_num_batched_tokens=8)
+    long, short = make_seq(30, max_tokens=2), make_seq(2, max_tokens=10)
+    s.add([short])
+    drive(s)
+    s.running.insert(0, long)  # as if admitted before it
+    long.status = Status.RUNNING
+    out = s.schedule()
+    assert shape(out) == [(long.seq_id, 7), (short.seq_id, 1)]
 
 
 def test_budget_smaller_than_the_running_rows(make_seq) -> None:

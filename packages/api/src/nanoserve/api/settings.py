@@ -43,6 +43,20 @@ def parse_seconds(text: str) -> float | None:
     return seconds
 
 
+def parse_prefill_budget(text: str) -> str | int:
+    """'auto', 'off', or a positive number of prompt tokens per step while sequences decode."""
+    lowered = str(text).strip().lower()
+    if lowered in ("auto", "off"):
+        return lowered
+    try:
+        tokens = int(lowered)
+    except ValueError:
+        raise EngineConfigError(f"{text!r} is not auto, off or a number of tokens") from None
+    if tokens < 1:
+        raise EngineConfigError(f"{text!r}: a prefill budget must be at least 1 token")
+    return tokens
+
+
 def parse_bool(text: str) -> bool:
     lowered = str(text).strip().lower()
     if lowered in ("1", "true", "yes", "on"):
@@ -78,12 +92,19 @@ OPTIONS: tuple[Option, ...] = (
         "--quantize",
         "quantize",
         str,
-        "auto | q4 | q8 | int8 | none (default auto: a GGUF's own Q4/Q8 blocks on nanoserve's"
-        " CPU kernels, else none: the dtype)",
+        "auto | gguf | q4 | q8 | int8 | none (default auto: gguf, a GGUF's tensors each in its"
+        " own blocks on nanoserve's CPU kernels; else none: the dtype)",
     ),
     Option("--max-batch", "max_batch", int, "rows a step may hold (default 32)"),
     Option("--max-model-len", "max_model_len", int, "longest context served"),
     Option("--max-num-batched-tokens", "max_num_batched_tokens", int, "token budget per step"),
+    Option(
+        "--prefill-budget",
+        "prefill_budget",
+        parse_prefill_budget,
+        "prompt tokens a step may carry while sequences decode: auto (measured at boot, a mixed"
+        " step within 1.5x of the decode step; the default), N, or off",
+    ),
     Option("--block-size", "block_size", int, "K/V slots per block (default 16)"),
     Option("--kv-budget", "kv_budget_bytes", parse_bytes, "bytes for the K/V pool (default 1GiB)"),
     Option("--max-waiting", "max_waiting", int, "bounded waiting queue; beyond it, 429"),
@@ -159,6 +180,7 @@ class ServerSettings:
         # A server picks by CPU and checkpoint; the library's defaults are the exact fp32 mode.
         engine_fields.setdefault("dtype", "auto")
         engine_fields.setdefault("quantize", "auto")
+        engine_fields.setdefault("prefill_budget", "auto")  # decode rows are not held up
         if values.get("capture"):
             mode = engine_fields.setdefault("decode_mode", "recorded")
             if mode != "recorded":

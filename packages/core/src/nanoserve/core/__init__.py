@@ -16,6 +16,7 @@ from nanoserve.core.decode_buffers import DecodeBuffers
 from nanoserve.core.decode_plan import DecodePlan, DecodeSeq, pad_decode, padding_plan, plan_decode
 from nanoserve.core.errors import GateError, GeometryError, NanoserveError
 from nanoserve.core.kv_pool_plan import KVPoolPlan, PoolBudgetError, plan_kv_pool
+from nanoserve.core.prefill_budget import PrefillBudget, PrefillBudgetError
 from nanoserve.core.prefill_plan import PrefillChunk, PrefillPlan, plan_prefill
 from nanoserve.core.slot_table import SlotTable
 from nanoserve.core.step_footprint import StepFootprint
@@ -42,6 +43,8 @@ __all__ = [
     "NanoserveError",
     "OutOfBlocksError",
     "PoolBudgetError",
+    "PrefillBudget",
+    "PrefillBudgetError",
     "PrefillChunk",
     "PrefillPlan",
     "Shape",

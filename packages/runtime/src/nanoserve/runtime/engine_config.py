@@ -7,6 +7,7 @@ from enum import Enum
 
 import torch
 
+from nanoserve.core import PrefillBudget
 from nanoserve.core.errors import NanoserveError
 from nanoserve.runtime.kernels.cpu_features import auto_dtype
 from nanoserve.runtime.model.weight_forms import AUTO, KERNEL_FORMS, check_quantize
@@ -58,6 +59,11 @@ class EngineConfig:
     max_batch: int = 32  # rows a step may hold: the scheduler's row limit and the warm list's
     max_model_len: int | None = None  # None: the model's limit, capped at 4096
     max_num_batched_tokens: int = 512  # a step's token budget (chunked prefill)
+    # Prompt tokens a step may carry while sequences decode (core/prefill_budget.py): None,
+    # the token budget's rest; "auto", measured at boot so that a mixed step stays within 1.5x
+    # of the decode step alone (the server's default); N, at most N; "off" is None; or a
+    # PrefillBudget.
+    prefill_budget: PrefillBudget | int | str | None = None
     block_size: int = 16
     kv_budget_bytes: int = 1 << 30
     max_waiting: int = 256
@@ -88,6 +94,8 @@ class EngineConfig:
             raise EngineConfigError(f"device must be cpu or cuda, got {self.device!r}")
         if self.quantize == "none":
             object.__setattr__(self, "quantize", None)
+        if self.prefill_budget == "off":
+            object.__setattr__(self, "prefill_budget", None)
         try:
             check_quantize(self.quantize, allow_auto=True)
         except ValueError as error:
@@ -108,6 +116,16 @@ class EngineConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise EngineConfigError(f"{name} must be a positive integer, got {value!r}")
+        budget = self.prefill_budget
+        if not (
+            budget is None
+            or budget == AUTO
+            or isinstance(budget, PrefillBudget)
+            or (isinstance(budget, int) and not isinstance(budget, bool) and budget >= 1)
+        ):
+            raise EngineConfigError(
+                f"prefill_budget must be 'auto', a positive number of tokens or unset, got {budget!r}"
+            )
         for name in ("max_model_len", "warm_max_rows", "warm_max_width", "max_waiting"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):

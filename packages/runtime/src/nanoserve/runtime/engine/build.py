@@ -23,22 +23,16 @@ from nanoserve.runtime.kernels.cpu_kernels import kernels_available
 from nanoserve.runtime.loading.checkpoint import Checkpoint, load_checkpoint
 from nanoserve.runtime.loading.embedded import embedded_model_path
 from nanoserve.runtime.model.llama import LlamaModel
-from nanoserve.runtime.model.weight_forms import AUTO, auto_quantize, kept_blocks
+from nanoserve.runtime.model.weight_forms import AUTO, auto_quantize
 from nanoserve.runtime.text.chat_template import ChatTemplate
 
 log = logging.getLogger("nanoserve")
 
 
-def resolve_model_path(model: str | None, *, convert: bool = True) -> Path:
-    """The checkpoint to load: a directory, a GGUF file, or the embedded model. With `convert`
-    a GGUF becomes its float checkpoint (converted once, cached); without, the file itself is
-    loaded (for a weight form that reads its blocks as stored, or to see which it holds)."""
-    path = Path(model) if model else embedded_model_path()
-    if convert and path.suffix == ".gguf" and path.is_file():
-        from nanoserve.runtime.loading.convert import cached_conversion
-
-        return cached_conversion(path)
-    return path
+def resolve_model_path(model: str | None) -> Path:
+    """The checkpoint to load: a directory, a GGUF file (read in place, never converted), or
+    the embedded model."""
+    return Path(model) if model else embedded_model_path()
 
 
 def choose_weight_forms(
@@ -63,16 +57,12 @@ def build_engine(
 ) -> Engine:
     say = say or log.info
     started = time.perf_counter()
-    # "auto" reads the GGUF itself first: its tensor types decide the form.
-    keep_gguf = config.quantize == AUTO or bool(kept_blocks(config.quantize))
-    path = resolve_model_path(config.model, convert=not keep_gguf)
+    # A GGUF is opened in place (its header; the weights are a memory map): its tensor types
+    # decide what "auto" serves.
+    path = resolve_model_path(config.model)
     say(f"loading {path}")
     checkpoint = load_checkpoint(path)
     config = choose_weight_forms(config, checkpoint, say)
-    if not kept_blocks(config.quantize) and checkpoint.format == "gguf":
-        path = resolve_model_path(config.model)  # its float conversion, made once and cached
-        say(f"loading {path}")
-        checkpoint = load_checkpoint(path)
     config = config.resolved(checkpoint.config.max_position_embeddings)
     model = LlamaModel.from_checkpoint(
         checkpoint,
@@ -86,6 +76,8 @@ def build_engine(
         chat_template: ChatTemplate | None = ChatTemplate.from_checkpoint(checkpoint)
     except ChatTemplateError:
         chat_template = None
+    if fallbacks := model.weight_fallbacks:
+        say(f"weights without a kernel of their own: {fallbacks}")
     check_cancelled(cancel, "after loading the weights")
     name = config.served_model_name or (
         Path(config.model).name if config.model else "SmolLM2-135M-Instruct"
@@ -98,6 +90,15 @@ def build_engine(
         name=name,
         boot_started=started,
     )
+    if (budget := engine.prefill_budget) is not None and budget.per_token_s:
+        say(
+            f"prefill budget: a decode step of r rows measured at {budget.base_s * 1e3:.1f} ms"
+            f" + {budget.per_row_s * 1e3:.2f} ms/row, a prompt token at"
+            f" {budget.per_token_s * 1e3:.2f} ms; a step carries up to"
+            f" {budget.tokens(1)} prompt tokens at 1 decoding row,"
+            f" {budget.tokens(config.max_batch)} at {config.max_batch}"
+            f" (within {budget.ratio}x of the decode step)"
+        )
     say(
         f"planned K/V pool: {engine.pool_plan.num_blocks} blocks of {config.block_size}"
         f" ({engine.pool_plan.total_bytes / 2**20:.0f} MiB) for {config.max_model_len}-token contexts"
@@ -172,6 +173,7 @@ def boot_line(engine: Engine, seconds: float) -> str:
         f"device={engine.config.device}",
         f"cpu={cpu_features().capability}",
         f"kernels={engine.runner.model.kernels}",
+        *([f"weights=[{types}]"] if (types := engine.runner.model.weight_types) else []),
         f"kv_blocks={plan.num_blocks}x{plan.block_size}",
     ]
     if engine.warm_report is not None:

@@ -32,6 +32,7 @@ from nanoserve.runtime.decode.warmup import (
 from nanoserve.runtime.engine.block_manager import BlockManager, PrefixCacheStats
 from nanoserve.runtime.engine.engine_status import EngineStatus, PrefixCacheCounts
 from nanoserve.runtime.engine.faults import FaultPlan
+from nanoserve.runtime.engine.prefill_timing import resolve_prefill_budget
 from nanoserve.runtime.engine.runner import ModelRunner
 from nanoserve.runtime.engine.sampler import SampleRow, sample
 from nanoserve.runtime.engine.sampling_params import SamplingParams
@@ -100,11 +101,13 @@ class Engine:
             config.block_size,
             enable_prefix_cache=config.enable_prefix_cache,
         )
+        self.prefill_budget = resolve_prefill_budget(model, config)
         self.scheduler = Scheduler(
             self.blocks,
             max_batch=config.max_batch,
             max_num_batched_tokens=config.max_num_batched_tokens,
             max_waiting=config.max_waiting,
+            prefill_budget=self.prefill_budget,
         )
         self.runner = ModelRunner(model, self.pool, config, backend)
         self.eos_token_ids = frozenset(cfg.eos_token_ids) | frozenset(tokenizer.eos_token_ids)
@@ -367,7 +370,10 @@ class Engine:
             device=config.device,
             cpu=cpu_features().describe(),
             kernels=self.runner.model.kernels,
+            weights=self.runner.model.weight_types,
+            weight_fallbacks=self.runner.model.weight_fallbacks,
             decode_mode=config.decode_mode.value,
+            prefill_budget=self.prefill_budget,
             max_model_len=config.max_model_len or 0,
             ready_seconds=self.ready_seconds,
             pool=self.pool_plan,

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from nanoserve.core import KVPoolPlan
+from nanoserve.core import KVPoolPlan, PrefillBudget
 from nanoserve.runtime.decode.graphs import GraphStats
 from nanoserve.runtime.decode.warmup import WarmupReport
 
@@ -31,8 +31,12 @@ class EngineStatus:
     quantize: str | None
     device: str
     cpu: str  # the host CPU's dispatch level and deciding flags: "AVX512 (avx2 fma ...)"
-    kernels: str  # what runs the linears: "q4+q8 nanoserve/avx2", "float32 torch/mkl", ...
+    kernels: str  # what runs the linears: "gguf nanoserve/avx2", "float32 torch/mkl", ...
+    weights: str | None  # the GGUF types served, per tensor: "q5_0×133 q8_0×13 ..."; None: floats
+    weight_fallbacks: str | None  # stored types served re-quantized: "f16×1 as q8_0 (...)"
     decode_mode: str
+    # How many prompt tokens a step carries while sequences decode (None: no bound)
+    prefill_budget: PrefillBudget | None
     max_model_len: int
     ready_seconds: float | None  # the boot, load to first forward; None if built another way
     pool: KVPoolPlan

@@ -4,6 +4,11 @@ Running sequences go first, oldest first: each computes its uncomputed tokens (o
 decoding sequence; a chunk, for a prompt) within the step's token budget. Waiting sequences
 are admitted while rows, budget and blocks last. When the pool runs dry mid-decode, the most
 recently admitted sequence is preempted: its blocks are freed and it is recomputed later.
+
+Every decoding sequence waits for the prompt tokens its step carries, so with a
+`PrefillBudget` those are bounded by how many sequences decode (core/prefill_budget.py): a
+mixed step stays within a ratio of the decode step alone, and only a step with nothing
+decoding takes the whole token budget.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from nanoserve.core import PrefillBudget
 from nanoserve.core.errors import NanoserveError
 from nanoserve.runtime.engine.block_manager import BlockManager
 from nanoserve.runtime.engine.sequence import Sequence, Status
@@ -56,10 +62,13 @@ class Scheduler:
         max_num_batched_tokens: int,
         max_waiting: int | None = None,
         watermark_blocks: int = 1,
+        prefill_budget: PrefillBudget | None = None,
     ) -> None:
         self.blocks = blocks
         self.max_batch = max_batch
         self.max_num_batched_tokens = max_num_batched_tokens
+        # None: prompt tokens take whatever of the token budget decoding rows leave
+        self.prefill_budget = prefill_budget
         self.max_waiting = max_waiting
         self.watermark_blocks = watermark_blocks
         self.waiting: deque[Sequence] = deque()
@@ -79,19 +88,29 @@ class Scheduler:
 
     def schedule(self) -> SchedulerOutput:
         budget = self.max_num_batched_tokens
+        decoding = sum(1 for seq in self.running if seq.uncomputed == 1)
+        prompt_budget = budget - decoding
+        if self.prefill_budget is not None:
+            prompt_budget = min(prompt_budget, self.prefill_budget.tokens(decoding))
         scheduled: list[ScheduledSeq] = []
         preempted: list[int] = []
         index = 0
         while index < len(self.running) and budget > 0:
             seq = self.running[index]
-            num_new = min(seq.uncomputed, budget)
+            prompt = seq.uncomputed > 1  # a prompt chunk (or a recomputation), not one token
+            num_new = min(seq.uncomputed, budget, prompt_budget if prompt else 1)
+            if num_new == 0:
+                index += 1
+                continue
             if not self._reserve(seq, num_new, scheduled, preempted):
                 break  # seq itself was preempted: it was the newest
             scheduled.append(ScheduledSeq(seq, num_new))
             budget -= num_new
+            if prompt:
+                prompt_budget -= num_new
             index += 1
         if not preempted:
-            self._admit(budget, scheduled)
+            self._admit(min(budget, prompt_budget), scheduled)
         return SchedulerOutput(tuple(scheduled), tuple(preempted))
 
     def _reserve(

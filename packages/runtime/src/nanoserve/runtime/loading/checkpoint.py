@@ -67,9 +67,10 @@ class Checkpoint:
         Face directory's are floats and named by none."""
         if self.format != "gguf":
             return frozenset()
+        source: GgufFile = self.source  # type: ignore[assignment]
         return frozenset(
-            t.tensor_type.name
-            for name, t in self.source.tensors.items()  # type: ignore[attr-defined]  # a GgufFile
+            source.tensor_type(name).name
+            for name in source.tensors
             if ".layers." in name and name.endswith("_proj.weight")
         )
 

@@ -1,4 +1,4 @@
-"""A llama.cpp GGUF file read as a Hugging Face checkpoint: HF names, HF layout, float32 values.
+"""A llama.cpp GGUF file read as a Hugging Face checkpoint: HF names, HF layout, its own blocks.
 
 Three things differ from a Hugging Face checkpoint and are undone here, tensor by tensor:
 
@@ -7,24 +7,23 @@ Three things differ from a Hugging Face checkpoint and are undone here, tensor b
 - rows: llama.cpp's converter permutes the rows of Llama's Q and K projections (per head, the
   two rotary halves interleaved) for its rotary kernel. Qwen2 is converted without it.
 
-Opening reads only the header; each tensor is dequantized (with `gguf.quants`) when `iter_tensors`
-reaches it, or, for the block types a caller keeps, handed over as its raw blocks (GgufBlocks).
-Tensor types and shapes are all checked at open, before anything is read.
+Opening parses the header (gguf_reader.py) and maps the file; nothing of the weights is read.
+`iter_tensors` hands each tensor over when it reaches it: as its blocks, a view of the map
+(GgufBlocks), for the types a caller keeps; else as float32 values, dequantized by nanoserve's
+own code for the types it knows (bit for bit the file's values) and by the `gguf` package for
+the rest. Tensor types and shapes are all checked at open, before anything is read.
 """
 
 from __future__ import annotations
 
 import re
-import struct
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import gguf
+import numpy as np
 import torch
-from gguf import GGMLQuantizationType as Q
-from tqdm import tqdm  # type: ignore[import-untyped]  # no stubs installed
 
 from nanoserve.runtime.errors import (
     ConfigError,
@@ -33,14 +32,17 @@ from nanoserve.runtime.errors import (
     WeightsError,
 )
 from nanoserve.runtime.loading.gguf_blocks import GgufBlocks
+from nanoserve.runtime.loading.gguf_reader import GgufReader, TensorInfo
+from nanoserve.runtime.loading.gguf_types import DEQUANTIZED_HERE, GGML_TYPES, GgmlType
 from nanoserve.runtime.loading.model_config import Architecture, ModelConfig
 from nanoserve.runtime.text.tokenizer import Tokenizer
 
-GGUF_MAGIC = b"GGUF"
-SUPPORTED_TYPES = frozenset(
-    {Q.F32, Q.F16, Q.BF16, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0}
-    | {Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K}
+# The `gguf` package dequantizes these too (its `quants` module), more slowly.
+_GGUF_PACKAGE_TYPES = frozenset(
+    {"IQ1_M", "IQ1_S", "IQ2_S", "IQ2_XS", "IQ2_XXS", "IQ3_S", "IQ3_XXS", "IQ4_NL", "IQ4_XS"}
+    | {"MXFP4", "TQ1_0", "TQ2_0"}
 )
+SUPPORTED_TYPES = DEQUANTIZED_HERE | _GGUF_PACKAGE_TYPES
 _ARCHITECTURES: tuple[Architecture, ...] = ("llama", "qwen2")
 _GLOBAL_NAMES = {
     "token_embd": "model.embed_tokens",
@@ -76,20 +78,20 @@ class GgufFile:
     config: ModelConfig
     tokenizer: Tokenizer
     chat_template: str | None
-    # HF name -> the GGUF tensor (its data a view of the mmap)
-    tensors: Mapping[str, gguf.ReaderTensor] = field(repr=False)
+    tensors: Mapping[str, TensorInfo] = field(repr=False)  # HF name -> the GGUF tensor
+    reader: GgufReader = field(repr=False, compare=False)
 
     @classmethod
     def open(cls, path: Path) -> GgufFile:
-        reader = _reader(path)
-        metadata = {key: value.contents() for key, value in reader.fields.items()}
+        reader = GgufReader.open(path)
+        metadata = reader.metadata
         arch = metadata.get("general.architecture")
         if arch not in _ARCHITECTURES:
             raise UnsupportedModelError(
                 path, f"GGUF architecture {arch!r} is not supported (supported: {_ARCHITECTURES})"
             )
-        tensors: dict[str, gguf.ReaderTensor] = {}
-        for tensor in reader.tensors:
+        tensors: dict[str, TensorInfo] = {}
+        for tensor in reader.tensors.values():
             name = hf_tensor_name(tensor.name)
             if tensor.name == "rope_freqs.weight":  # Llama-3.1 rope scaling, baked into a tensor
                 raise UnsupportedModelError(
@@ -97,16 +99,17 @@ class GgufFile:
                 )
             if name is None:
                 raise WeightsError(path, f"tensor {tensor.name!r} has no Hugging Face counterpart")
-            if tensor.tensor_type not in SUPPORTED_TYPES:
-                supported = ", ".join(sorted(t.name for t in SUPPORTED_TYPES))
+            kind = GGML_TYPES[tensor.type_id].name
+            if kind not in SUPPORTED_TYPES:
+                supported = ", ".join(sorted(SUPPORTED_TYPES))
                 raise UnsupportedQuantError(
                     path,
-                    f"tensor {tensor.name!r} is {tensor.tensor_type.name}, which nanoserve cannot "
-                    f"dequantize (supported: {supported})",
+                    f"tensor {tensor.name!r} is {kind}, which nanoserve cannot read"
+                    f" (supported: {supported})",
                 )
             tensors[name] = tensor
         tokenizer = Tokenizer.from_gguf_metadata(metadata, source=str(path))
-        gguf_names = frozenset(t.name for t in reader.tensors)
+        gguf_names = frozenset(reader.tensors)
         config = _config(metadata, arch, gguf_names, tokenizer, path)
         return cls(
             path=path,
@@ -114,53 +117,57 @@ class GgufFile:
             tokenizer=tokenizer,
             chat_template=metadata.get("tokenizer.chat_template"),
             tensors=tensors,
+            reader=reader,
         )
 
     def tensor_shapes(self) -> dict[str, tuple[int, ...]]:
-        return {name: _torch_shape(t) for name, t in self.tensors.items()}
+        return {name: t.shape for name, t in self.tensors.items()}
+
+    def tensor_type(self, name: str) -> GgmlType:
+        return GGML_TYPES[self.tensors[name].type_id]
 
     def iter_tensors(
         self, names: Sequence[str], keep_blocks: frozenset[str] = frozenset()
     ) -> Iterator[tuple[str, torch.Tensor | GgufBlocks]]:
-        """`(name, float32 tensor)` in Hugging Face layout, dequantized one at a time; a tensor
-        whose type is in `keep_blocks` comes as its blocks (rows in Hugging Face order)."""
-        progress = tqdm(names, desc=f"reading {self.path.name}", unit="tensor", disable=None)
-        for name in progress:
-            tensor = self.tensors[name]
-            if tensor.tensor_type.name in keep_blocks:
-                rows = torch.from_numpy(tensor.data.copy())  # [out, bytes]; the mmap is read-only
-                if self.config.architecture == "llama":
-                    rows = _unpermute_llama_rows(name, rows, self.config)
-                shape = _torch_shape(tensor)
-                yield name, GgufBlocks(tensor.tensor_type.name, rows, (shape[0], shape[1]))
+        """`(name, float32 tensor)` in Hugging Face layout, one at a time; a matrix whose type
+        is in `keep_blocks` comes as its blocks (a view of the file, rows in HF order by
+        `order`)."""
+        for name in names:
+            info = self.tensors[name]
+            kind = GGML_TYPES[info.type_id].name
+            shape = info.shape
+            if kind in keep_blocks and len(shape) == 2:
+                order = self._row_order(name, shape[0])
+                rows = self.reader.tensor_rows(info)
+                release = lambda info=info: self.reader.release(info)  # noqa: E731
+                yield name, GgufBlocks(kind, rows, (shape[0], shape[1]), order, release)
                 continue
-            values = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
-            values = values.reshape(_torch_shape(tensor))
-            if not values.flags.writeable:  # F32 comes back as a view of the read-only mmap
-                values = values.copy()
-            out = torch.from_numpy(values)
+            values = self._dequantize(info, kind).reshape(shape)
             if self.config.architecture == "llama":
-                out = _unpermute_llama_rows(name, out, self.config)
-            yield name, out
+                values = _unpermute_llama_rows(name, values, self.config)
+            yield name, values
 
+    def _dequantize(self, info: TensorInfo, kind: str) -> torch.Tensor:
+        raw = self.reader.tensor_rows(info)  # [rows, bytes]
+        width = info.dims[0]
+        if kind == "F32":
+            return raw.view(torch.float32).clone()  # a copy: the map is the file's, not ours
+        if kind in DEQUANTIZED_HERE:
+            from nanoserve.runtime.kernels.cpu_kernels import kernels_available
 
-def _reader(path: Path) -> gguf.GGUFReader:
-    try:
-        with path.open("rb") as file:
-            magic = file.read(4)
-    except OSError as error:
-        raise WeightsError(path, f"cannot be read ({error.strerror})") from None
-    if magic != GGUF_MAGIC:
-        raise WeightsError(path, f"is not a GGUF file (starts with {magic!r}, not {GGUF_MAGIC!r})")
-    try:
-        return gguf.GGUFReader(path, "r")
-    except (ValueError, KeyError, IndexError, OSError, struct.error) as error:
-        # A truncated file fails here: gguf maps each tensor's bytes as it parses the header.
-        raise WeightsError(path, f"cannot be parsed as GGUF, truncated? ({error})") from None
+            if kernels_available():
+                return torch.ops.nanoserve.dequantize_rows(raw, info.type_id, width, None)
+        import gguf  # the reference dequantizer, for every type nanoserve's code does not read
 
+        values = gguf.quants.dequantize(raw.numpy(), gguf.GGMLQuantizationType(info.type_id))
+        return torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32))
 
-def _torch_shape(tensor: gguf.ReaderTensor) -> tuple[int, ...]:
-    return tuple(int(d) for d in reversed(tensor.shape))
+    def _row_order(self, name: str, rows: int) -> torch.Tensor | None:
+        """Where llama.cpp permuted Q and K rows: HF row f is file row order[f]."""
+        if self.config.architecture != "llama":
+            return None
+        order = _unpermute_llama_rows(name, torch.arange(rows), self.config)
+        return None if order is None or torch.equal(order, torch.arange(rows)) else order
 
 
 def _unpermute_llama_rows(name: str, tensor: torch.Tensor, config: ModelConfig) -> torch.Tensor:

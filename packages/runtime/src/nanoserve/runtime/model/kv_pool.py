@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+import mmap
 from dataclasses import dataclass
 
 import torch
@@ -15,6 +17,18 @@ from nanoserve.core import (
 )
 from nanoserve.core.errors import GeometryError
 from nanoserve.runtime.model.device import resolve_device
+
+
+def zeroed(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """Zeros. On a CPU, pages of an anonymous map, which the OS hands out zeroed on first
+    touch: a 1 GiB pool costs nothing until its slots are written, and only the slots ever
+    written are resident (torch.zeros writes every byte at once: 1.3 s for 256 MiB here)."""
+    if device.type != "cpu":
+        return torch.zeros(shape, dtype=dtype, device=device)
+    numel = math.prod(shape)
+    pages = mmap.mmap(-1, max(1, numel * dtype.itemsize))
+    pages.madvise(mmap.MADV_HUGEPAGE)  # 2 MiB faults, not 4 KiB ones: first touch is cheaper
+    return torch.frombuffer(pages, dtype=dtype, count=numel).view(shape)
 
 
 class KVPool:
@@ -44,7 +58,7 @@ class KVPool:
         pool = self._layers[layer]
         if pool is None:
             shape = (2, self.plan.num_slots + 1, self.plan.num_kv_heads, self.plan.head_dim)
-            pool = torch.zeros(shape, dtype=self.plan.dtype, device=self.device)
+            pool = zeroed(shape, self.plan.dtype, self.device)
             self._layers[layer] = pool
         return pool
 

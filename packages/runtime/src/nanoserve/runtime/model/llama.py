@@ -20,19 +20,22 @@ from nanoserve.core import DecodePlan, PrefillPlan, StepFootprint
 from nanoserve.runtime.errors import QuantizationError, WeightsError
 from nanoserve.runtime.kernels.cpu_kernels import load_cpu_kernels
 from nanoserve.runtime.loading.checkpoint import Checkpoint
+from nanoserve.runtime.loading.gguf_blocks import GgufBlocks
 from nanoserve.runtime.loading.model_config import ModelConfig, rope_inv_freq
 from nanoserve.runtime.model.device import resolve_device
+from nanoserve.runtime.model.embedding import QuantEmbedding
 from nanoserve.runtime.model.int8_weight import Int8Weight
 from nanoserve.runtime.model.kv_pool import CacheRows
 from nanoserve.runtime.model.layer_ops import CpuKernelOps, LayerOps, TorchOps
-from nanoserve.runtime.model.quant_weight import Q4Weight, Q8Weight
+from nanoserve.runtime.model.quant_weight import QuantLinear, QuantWeight
 from nanoserve.runtime.model.weight_forms import (
     KERNEL_FORMS,
     Linear,
     Source,
     check_quantize,
     dense,
-    head_form,
+    describe_fallbacks,
+    describe_types,
     kept_blocks,
     make_linear,
 )
@@ -133,7 +136,12 @@ class LlamaModel:
             return make_linear([source(n) for n in names], form, dtype, self.device)
 
         embed = source("model.embed_tokens.weight")
-        self.embed = dense(embed, dtype, self.device)  # [vocab, hidden], for lookups
+        # Under the kernels a GGUF's table stays in the file, read row by row (embedding.py).
+        self.embed: torch.Tensor | QuantEmbedding = (
+            QuantEmbedding(embed)
+            if kernel_ops and isinstance(embed, GgufBlocks)
+            else dense(embed, dtype, self.device)
+        )  # [vocab, hidden], for lookups
         self.layers: list[LayerWeights] = []
         for i in range(config.num_layers):
             p = f"model.layers.{i}."
@@ -153,15 +161,16 @@ class LlamaModel:
                 )
             )
         self.norm = take("model.norm.weight", small_dtype)
-        # The embedding table stays as it is for lookups; the output projection (tied or not)
-        # takes the head's form.
-        tied = "lm_head.weight" not in weights or config.tie_word_embeddings
-        lm_source = embed if tied else source("lm_head.weight")
+        # The output projection, tied or not, takes the head's form; tied and unquantized, it
+        # is the embedding table itself.
+        self.tied = "lm_head.weight" not in weights or config.tie_word_embeddings
+        lm_source = embed if self.tied else source("lm_head.weight")
         weights.pop("lm_head.weight", None)
-        if head_form(quantize) is None and tied:
+        if quantize is None and self.tied:
+            assert isinstance(self.embed, torch.Tensor)
             self.lm_head: Linear = self.embed
         else:
-            self.lm_head = make_linear([lm_source], head_form(quantize), dtype, self.device)
+            self.lm_head = make_linear([lm_source], quantize, dtype, self.device, head=True)
         inv_freq = rope_inv_freq(config, self.device)  # [head_dim / 2] float32
         # The rotary table covers what the deployment serves, not a 128k-position config.
         positions = min(config.max_position_embeddings, max_positions or 1 << 62)
@@ -177,6 +186,26 @@ class LlamaModel:
         )
         self.kernels = linear_kernels(quantize, dtype, self.device)
         self.invariance = invariance(dtype, batch_invariant, self.device, self.ops.name)
+        self.weight_types = self._weight_types()  # for the boot line and /health
+        # The stored types served in another (re-quantized), or None.
+        self.weight_fallbacks = describe_fallbacks(self.quant_weights())
+
+    # -- what is served ---------------------------------------------------------------------
+
+    def quant_weights(self) -> list[QuantWeight]:
+        """Every packed tensor: the layers' linears' parts, then the output projection's."""
+        linears = [
+            w for layer in self.layers for w in (layer.qkv, layer.o, layer.gate_up, layer.down)
+        ]
+        return [p for w in (*linears, self.lm_head) if isinstance(w, QuantLinear) for p in w.parts]
+
+    def _weight_types(self) -> str | None:
+        """The types served, one count per file tensor ("q5_0×133 q8_0×13 ..."), the embedding
+        table included (once, when the output projection is tied to it); None unquantized."""
+        served: list[QuantWeight | GgufBlocks] = [*self.quant_weights()]
+        if isinstance(self.embed, QuantEmbedding) and not self.tied:
+            served.append(self.embed.blocks)
+        return describe_types(served) if served else None
 
     @classmethod
     def from_tensors(
@@ -230,7 +259,7 @@ class LlamaModel:
         )
 
     def _linear(self, x: torch.Tensor, w: Linear, b: torch.Tensor | None = None) -> torch.Tensor:
-        if isinstance(w, Q4Weight | Q8Weight):
+        if isinstance(w, QuantLinear):
             return w.matmul(x, b)  # float32 in, float32 out
         if isinstance(w, Int8Weight):
             return w.matmul(x, b)
@@ -305,8 +334,8 @@ def check_kernel_geometry(config: ModelConfig) -> None:
 def linear_kernels(quantize: str | None, dtype: torch.dtype, device: torch.device) -> str:
     """What runs the linears and the rest of a layer, for the boot line and /health."""
     if quantize in KERNEL_FORMS:
-        head = "q8" if quantize == "q4" else quantize
-        return f"{quantize}+{head} nanoserve/{load_cpu_kernels().isa}"
+        forms = "gguf" if quantize == "gguf" else f"{quantize}+q8"
+        return f"{forms} nanoserve/{load_cpu_kernels().isa}"
     if quantize == "int8":
         return "int8 torch/_weight_int8pack_mm"
     name = str(dtype).removeprefix("torch.")

@@ -2,40 +2,55 @@
 
 `--quantize` names a form for the model's linears:
 
-| quantize | layers' linears           | output projection | read by                          |
-|----------|---------------------------|-------------------|----------------------------------|
-| unset    | the model dtype           | the model dtype   | torch (MKL, oneDNN, cuBLAS)      |
-| int8     | int8, a scale per row     | the same          | torch's `_weight_int8pack_mm`    |
-| q4       | GGUF Q4_1 (4.5 bits)      | GGUF Q8_0         | nanoserve's CPU kernels          |
-| q8       | GGUF Q8_0 (8.5 bits)      | GGUF Q8_0         | nanoserve's CPU kernels          |
+| quantize | layers' linears                  | output projection | read by                       |
+|----------|----------------------------------|-------------------|-------------------------------|
+| unset    | the model dtype                  | the model dtype   | torch (MKL, oneDNN, cuBLAS)   |
+| int8     | int8, a scale per row            | the same          | torch's `_weight_int8pack_mm` |
+| gguf     | each tensor in its file's type   | its file's type   | nanoserve's CPU kernels       |
+| q4       | GGUF Q4_0/Q4_1 (Q4_1 elsewhere)  | GGUF Q8_0         | nanoserve's CPU kernels       |
+| q8       | GGUF Q8_0                        | GGUF Q8_0         | nanoserve's CPU kernels       |
 
-`auto` (the server's default) serves a GGUF in its own block form on the CPU: q4 when its
-layers are Q4_0/Q4_1, q8 when they hold Q8_0; anything else (K-quants, float checkpoints, a
-GPU) loads in the model dtype, as unset does.
+`auto` (the server's default) is `gguf` for a GGUF on the CPU with at least one linear in a
+type the kernels read: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, each tensor
+in its own type, as llama.cpp serves the file. A tensor of another type (F16, IQ4_XS, ...) is
+re-quantized to Q8_0 under `gguf`, and the boot line says so (`fallbacks`). A float checkpoint
+or a GPU loads in the model dtype, as unset does.
 
-For q4 and q8 a GGUF's Q4_0, Q4_1 and Q8_0 tensors are taken as stored, so llama.cpp's own
-weights are served bit for bit; anything else (float checkpoints, other GGUF types) is
-quantized with llama.cpp's rounding. Parts of one linear (q, k, v; gate, up) are concatenated
-as levels, before packing, which equals quantizing the concatenation: groups run along inputs.
+Blocks are taken from the file unchanged wherever the form serves their type, so a weight is
+llama.cpp's bit for bit; anything else is quantized with llama.cpp's rounding. A linear's parts
+(q, k, v; gate, up) keep their own types (`QuantLinear`).
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from typing import TypeAlias
 
 import torch
 
 from nanoserve.runtime.errors import UnknownQuantizationError
-from nanoserve.runtime.loading.gguf_blocks import BLOCK_TYPES, GgufBlocks
+from nanoserve.runtime.loading.gguf_blocks import GgufBlocks
+from nanoserve.runtime.loading.gguf_types import DEQUANTIZED_HERE, KERNEL_TYPES
 from nanoserve.runtime.model.int8_weight import Int8Weight
-from nanoserve.runtime.model.quant_weight import Q4Levels, Q4Weight, Q8Levels, Q8Weight
+from nanoserve.runtime.model.quant_weight import (
+    QuantLinear,
+    QuantWeight,
+    dequantize_blocks,
+    quantize_q4_1,
+    quantize_q8_0,
+)
 
-QUANTIZATIONS = ("int8", "q4", "q8")  # the weight forms a model may be loaded in, besides its dtype
-KERNEL_FORMS = ("q4", "q8")  # the forms only nanoserve's CPU kernels read
+QUANTIZATIONS = (
+    "gguf",
+    "int8",
+    "q4",
+    "q8",
+)  # the forms a model may be loaded in, besides its dtype
+KERNEL_FORMS = ("gguf", "q4", "q8")  # the forms only nanoserve's CPU kernels read
 AUTO = "auto"  # a config's choice, resolved from the checkpoint before a model is built
 
-Linear: TypeAlias = torch.Tensor | Int8Weight | Q4Weight | Q8Weight
+Linear: TypeAlias = torch.Tensor | Int8Weight | QuantLinear
 Source: TypeAlias = torch.Tensor | GgufBlocks
 
 
@@ -50,57 +65,81 @@ def check_quantize(quantize: str | None, *, allow_auto: bool = False) -> None:
 
 
 def auto_quantize(linear_types: frozenset[str], device: str) -> str | None:
-    """What `auto` serves: a GGUF's own block form, on the CPU (its layers' linear types)."""
-    if device.split(":")[0] != "cpu" or not linear_types or not linear_types <= BLOCK_TYPES:
+    """What `auto` serves: a GGUF in its own blocks on the CPU, if any linear is in a type the
+    kernels read; else (float files, a GPU) the model dtype."""
+    if device.split(":")[0] != "cpu" or not linear_types & KERNEL_TYPES:
         return None
-    return "q8" if "Q8_0" in linear_types else "q4"
+    return "gguf"
 
 
 def kept_blocks(quantize: str | None) -> frozenset[str]:
-    """The GGUF block types a checkpoint should hand over as stored for this form."""
-    return BLOCK_TYPES if quantize in KERNEL_FORMS else frozenset()
+    """The GGUF types a checkpoint should hand over as stored (a view of the file) for this
+    form: everything nanoserve's own code reads; other types arrive dequantized."""
+    return DEQUANTIZED_HERE if quantize in KERNEL_FORMS else frozenset()
 
 
-def head_form(quantize: str | None) -> str | None:
-    """The output projection's form: 8 bits under q4, since its logits pick the token."""
-    return "q8" if quantize == "q4" else quantize
+def served_type(form: str, stored: str | None, head: bool = False) -> str:
+    """The GGUF type a weight stored as `stored` (None: floats) is served in under `form`."""
+    if form == "gguf":
+        return stored if stored in KERNEL_TYPES else "Q8_0"
+    if form == "q4" and not head:
+        return stored if stored in ("Q4_0", "Q4_1") else "Q4_1"
+    return "Q8_0"  # q8, and the output projection under q4: its logits pick the token
 
 
 def dense(source: Source, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """The source as a float tensor in dtype on device (blocks dequantized)."""
     if isinstance(source, GgufBlocks):
-        source = (q4_levels(source) if source.kind != "Q8_0" else q8_levels(source)).dequantize()
+        source = dequantize_blocks(source)
     if source.device != device:
         source = source.to(device)
     return source if source.dtype == dtype else source.to(dtype)
 
 
+def quant_weight(source: Source, form: str, head: bool = False) -> QuantWeight:
+    """One tensor packed in the type `form` serves it in: its own blocks where that is its type
+    (then its pages of the file are dropped), else re-quantized with llama.cpp's rounding."""
+    stored = source.kind if isinstance(source, GgufBlocks) else None
+    target = served_type(form, stored, head)
+    if isinstance(source, GgufBlocks) and source.kind == target:
+        weight = QuantWeight.pack(source)
+        source.done()
+        return weight
+    floats = dense(source, torch.float32, torch.device("cpu"))
+    blocks = quantize_q4_1(floats) if target == "Q4_1" else quantize_q8_0(floats)
+    return QuantWeight.pack(blocks, stored=stored or _float_name(floats))
+
+
+def _float_name(t: torch.Tensor) -> str:
+    return {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16"}.get(t.dtype, "F32")
+
+
 def make_linear(
-    parts: Sequence[Source], form: str | None, dtype: torch.dtype, device: torch.device
+    parts: Sequence[Source],
+    form: str | None,
+    dtype: torch.dtype,
+    device: torch.device,
+    head: bool = False,
 ) -> Linear:
     """One linear from its parts (stacked along the output features) in the given form."""
-    if form == "q4":
-        return Q4Levels.cat([q4_levels(p) for p in parts]).pack()
-    if form == "q8":
-        return Q8Levels.cat([q8_levels(p) for p in parts]).pack()
+    if form in KERNEL_FORMS:
+        assert form is not None
+        return QuantLinear(tuple(quant_weight(p, form, head) for p in parts))
     weights = [dense(p, dtype, device) for p in parts]
     weight = weights[0] if len(weights) == 1 else torch.cat(weights)
     return Int8Weight.quantize(weight, dtype) if form == "int8" else weight
 
 
-def q4_levels(source: Source) -> Q4Levels:
-    if isinstance(source, GgufBlocks):
-        if source.kind == "Q4_1":
-            return Q4Levels.from_q4_1_blocks(source.data)
-        if source.kind == "Q4_0":
-            return Q4Levels.from_q4_0_blocks(source.data)
-        return Q4Levels.quantize(q8_levels(source).dequantize())
-    return Q4Levels.quantize(source)
+def describe_types(weights: Sequence[QuantWeight | GgufBlocks]) -> str:
+    """ "q5_0×133 q8_0×13 q6_k×12 q4_k×12": the types served, most used first."""
+    counts = Counter(w.kind.lower() for w in weights)
+    return " ".join(f"{kind}×{n}" for kind, n in counts.most_common())
 
 
-def q8_levels(source: Source) -> Q8Levels:
-    if isinstance(source, GgufBlocks):
-        if source.kind == "Q8_0":
-            return Q8Levels.from_q8_0_blocks(source.data)
-        return Q8Levels.quantize(q4_levels(source).dequantize())
-    return Q8Levels.quantize(source)
+def describe_fallbacks(weights: Sequence[QuantWeight]) -> str | None:
+    """ "f16×2 as q8_0 (re-quantized)": the stored types that had no kernel, and what served
+    them; None when every weight was served in its own type."""
+    moved = Counter((w.stored.lower(), w.kind.lower()) for w in weights if w.stored != w.kind)
+    if not moved:
+        return None
+    return ", ".join(f"{s}×{n} as {k} (re-quantized)" for (s, k), n in sorted(moved.items()))

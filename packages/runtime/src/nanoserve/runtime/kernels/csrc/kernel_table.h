@@ -7,17 +7,9 @@
 
 #include <cstdint>
 
-namespace nanoserve {
+#include "weight_types.h"
 
-constexpr int64_t kGroup = 32;        // inputs per quantization group (GGUF's block)
-constexpr int64_t kFeatureBlock = 16;  // output features per packed block (one vector of lanes)
-// Packed bytes of one block's group: 16 features x 32 inputs.
-//   q4: 4 chunks of 64 bytes (byte 4f+b of chunk c: input 8c+b of feature f in the low nibble,
-//       input 8c+4+b in the high nibble), then 16 fp16 scales d, then 16 fp16 minimums m;
-//   q8: 8 chunks of 64 bytes (byte 4f+b of chunk j: input 4j+b of feature f, as w + 128), then
-//       16 fp16 scales d.
-constexpr int64_t kQ4GroupBytes = 4 * 64 + 2 * 32;
-constexpr int64_t kQ8GroupBytes = 8 * 64 + 32;
+namespace nanoserve {
 
 // Activations quantized per row in groups of 32, as the linears read them.
 struct QuantizedRows {
@@ -25,16 +17,20 @@ struct QuantizedRows {
   const float* d;        // [rows, groups]: the group's scale, amax / 127
   const float* s;        // [rows, groups]: d * (sum of the group's q)
   const int32_t* qsum;   // [rows, groups]: sum of the group's q
+  const int32_t* qsum16; // [rows, groups, 2]: sums of its two halves of 16
   int64_t rows, k, groups;
 };
 
+// One weight (or one part of a linear whose parts differ in type) against the rows.
 struct LinearArgs {
   QuantizedRows x;
-  const uint8_t* w;     // [blocks, groups, group bytes]
+  const uint8_t* w;     // [blocks, superblocks, packed bytes] (weight_types.h)
   const float* bias;    // [n] or null
-  float* out;           // [rows, n], row stride n
-  int64_t n;
+  float* out;           // [rows, n] at row stride out_stride: this part's first column
+  int64_t n, out_stride;
 };
+
+using LinearKernel = void (*)(const LinearArgs& a, int64_t b0, int64_t b1);
 
 struct AttentionArgs {
   const float* q;               // [tokens, heads * head_dim], row stride q_stride
@@ -69,9 +65,9 @@ struct KernelTable {
   const char* name;
   // rows [r0, r1) of x [rows, k] (k a multiple of 32) into q, d, s, qsum.
   void (*quantize)(const float* x, const QuantizedRows& out, int64_t r0, int64_t r1);
-  // output feature blocks [b0, b1) of x @ w.T for every row.
-  void (*q4_linear)(const LinearArgs& a, int64_t b0, int64_t b1);
-  void (*q8_linear)(const LinearArgs& a, int64_t b0, int64_t b1);
+  // The dot kernel of a weight type (its GGML number), or null: output feature blocks
+  // [b0, b1) of x @ w.T for every row.
+  LinearKernel (*linear)(int64_t ggml);
   // tasks [t0, t1) of tokens x kv_heads; scratch holds heads / kv_heads * (width + 16) +
   // 16 * head_dim floats;
   // false on a slot outside the pool.

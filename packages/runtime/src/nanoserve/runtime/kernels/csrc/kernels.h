@@ -25,6 +25,7 @@ void quantize(const float* x, const QuantizedRows& out, int64_t r0, int64_t r1) 
   float* d = const_cast<float*>(out.d);
   float* s = const_cast<float*>(out.s);
   int32_t* qsum = const_cast<int32_t*>(out.qsum);
+  int32_t* qsum16 = const_cast<int32_t*>(out.qsum16);
   for (int64_t r = r0; r < r1; ++r) {
     for (int64_t g = 0; g < groups; ++g) {
       const float* src = x + r * k + g * kGroup;
@@ -35,11 +36,12 @@ void quantize(const float* x, const QuantizedRows& out, int64_t r0, int64_t r1) 
       const I16 qa = f_to_i(f_round(f_mul(a, inv))), qb = f_to_i(f_round(f_mul(b, inv)));
       i_store_i8(q + r * k + g * kGroup, qa);
       i_store_i8(q + r * k + g * kGroup + 16, qb);
-      const int32_t total = i_hsum(i_add(qa, qb));
+      const int32_t first = i_hsum(qa), second = i_hsum(qb);
       const int64_t at = r * groups + g;
       d[at] = scale;
-      qsum[at] = total;
-      s[at] = scale * static_cast<float>(total);
+      qsum[at] = first + second;
+      qsum16[2 * at] = first, qsum16[2 * at + 1] = second;
+      s[at] = scale * static_cast<float>(first + second);
     }
   }
 }
@@ -48,7 +50,7 @@ void quantize(const float* x, const QuantizedRows& out, int64_t r0, int64_t r1) 
 
 inline void store_block(const LinearArgs& a, int64_t row, int64_t block, F16 acc) {
   const int64_t n0 = block * kFeatureBlock;
-  float* dst = a.out + row * a.n + n0;
+  float* dst = a.out + row * a.out_stride + n0;
   if (n0 + kFeatureBlock <= a.n) {
     if (a.bias) acc = f_add(acc, f_load(a.bias + n0));
     f_store(dst, acc);
@@ -59,87 +61,42 @@ inline void store_block(const LinearArgs& a, int64_t row, int64_t block, F16 acc
   }
 }
 
-// Weight bytes ahead of the one being read that a kernel asks the cache for: a thread's blocks
+// Weight bytes ahead of the ones being read that a kernel asks the cache for: a thread's blocks
 // are one contiguous stream, and one row's arithmetic is too little to hide memory's latency.
 constexpr int64_t kPrefetchBytes = 4096;
 
-inline void prefetch_group(const uint8_t* w, int64_t bytes) {
+inline void prefetch_bytes(const uint8_t* w, int64_t bytes) {
   for (int64_t line = 0; line < bytes; line += 64) __builtin_prefetch(w + kPrefetchBytes + line, 0, 3);
 }
 
-// R rows against one feature block: the block's weights are unpacked once per group for all R.
-// Each row's integer dot product is split over two accumulators (low and high nibbles), whose
-// sum is exact: two short dependency chains instead of one long one.
-template <int R>
-void q4_rows(const LinearArgs& a, int64_t r0, int64_t block) {
+#define NS_DOTS 1
+#include "quant_q.h"
+#include "quant_k.h"
+#undef NS_DOTS
+
+// R rows against one feature block: each superblock's weights are unpacked once for all R
+// rows, and each output number is accumulated group by group in input order.
+template <class Format, int R>
+void format_rows(const LinearArgs& a, int64_t r0, int64_t block) {
   const QuantizedRows& x = a.x;
-  const uint8_t* w = a.w + block * x.groups * kQ4GroupBytes;
+  const int64_t supers = x.k / Format::kInputs;
+  const uint8_t* w = a.w + block * supers * Format::kBytes;
   F16 acc[R];
-  for (int r = 0; r < R; ++r) acc[r] = f_zero();
-  for (int64_t g = 0; g < x.groups; ++g, w += kQ4GroupBytes) {
-    prefetch_group(w, kQ4GroupBytes);
-    W16 dot_lo[R], dot_hi[R];
-    for (int r = 0; r < R; ++r) dot_lo[r] = w_zero(), dot_hi[r] = w_zero();
-    for (int c = 0; c < 4; ++c) {
-      const B64 packed = b_load(w + 64 * c);
-      const B64 lo = b_low_nibbles(packed), hi = b_high_nibbles(packed);  // inputs 8c.., 8c+4..
-      for (int r = 0; r < R; ++r) {
-        const int8_t* xq = x.q + (r0 + r) * x.k + g * kGroup + 8 * c;
-        dot_lo[r] = w_dot(dot_lo[r], lo, load_x4(xq));
-        dot_hi[r] = w_dot(dot_hi[r], hi, load_x4(xq + 4));
-      }
-    }
-    const F16 dw = f_load_f16(reinterpret_cast<const uint16_t*>(w + 256));
-    const F16 mw = f_load_f16(reinterpret_cast<const uint16_t*>(w + 288));
-    for (int r = 0; r < R; ++r) {
-      const int64_t at = (r0 + r) * x.groups + g;
-      acc[r] = f_fma(i_to_f(i_add(w_sum(dot_lo[r]), w_sum(dot_hi[r]))), f_mul(dw, f_set1(x.d[at])), acc[r]);
-      acc[r] = f_fma(mw, f_set1(x.s[at]), acc[r]);
-    }
-  }
+  const int8_t* xq[R];
+  for (int r = 0; r < R; ++r) acc[r] = f_zero(), xq[r] = x.q + (r0 + r) * x.k;
+  for (int64_t s = 0; s < supers; ++s, w += Format::kBytes) Format::template block<R>(w, x, r0, s, xq, acc);
   for (int r = 0; r < R; ++r) store_block(a, r0 + r, block, acc[r]);
 }
 
-template <int R>
-void q8_rows(const LinearArgs& a, int64_t r0, int64_t block) {
-  const QuantizedRows& x = a.x;
-  const uint8_t* w = a.w + block * x.groups * kQ8GroupBytes;
-  F16 acc[R];
-  for (int r = 0; r < R; ++r) acc[r] = f_zero();
-  for (int64_t g = 0; g < x.groups; ++g, w += kQ8GroupBytes) {
-    prefetch_group(w, kQ8GroupBytes);
-    I16 dot_even[R], dot_odd[R];
-    for (int r = 0; r < R; ++r) dot_even[r] = i_zero(), dot_odd[r] = i_zero();
-    for (int j = 0; j < 8; j += 2) {
-      const B64 even = b_load(w + 64 * j), odd = b_load(w + 64 * (j + 1));
-      for (int r = 0; r < R; ++r) {
-        const int8_t* xq = x.q + (r0 + r) * x.k + g * kGroup + 4 * j;
-        dot_even[r] = i_dot_q8(dot_even[r], even, load_x4(xq));
-        dot_odd[r] = i_dot_q8(dot_odd[r], odd, load_x4(xq + 4));
-      }
-    }
-    const F16 dw = f_load_f16(reinterpret_cast<const uint16_t*>(w + 512));
-    for (int r = 0; r < R; ++r) {
-      const int64_t at = (r0 + r) * x.groups + g;
-      // The weights are stored as w + 128: take 128 * sum(x) back out, exactly, where the
-      // ISA's dot product summed u * x rather than w * x.
-      I16 exact = i_add(dot_even[r], dot_odd[r]);
-      if constexpr (kQ8DotHasOffset) exact = i_sub(exact, i_set1(128 * x.qsum[at]));
-      acc[r] = f_fma(i_to_f(exact), f_mul(dw, f_set1(x.d[at])), acc[r]);
-    }
-  }
-  for (int r = 0; r < R; ++r) store_block(a, r0 + r, block, acc[r]);
-}
-
-template <template <int> class Rows>
-void drive_linear(const LinearArgs& a, int64_t b0, int64_t b1) {
+template <class Format>
+void format_linear(const LinearArgs& a, int64_t b0, int64_t b1) {
   constexpr int T = NS_ROW_TILE;
   for (int64_t block = b0; block < b1; ++block) {
     int64_t r0 = 0;
-    for (; r0 + T <= a.x.rows; r0 += T) Rows<T>::run(a, r0, block);
+    for (; r0 + T <= a.x.rows; r0 += T) format_rows<Format, T>(a, r0, block);
     switch (a.x.rows - r0) {  // the last rows, fewer than a tile
       case 0: break;
-#define NS_TAIL(n) case n: if constexpr (n < T) Rows<n>::run(a, r0, block); break;
+#define NS_TAIL(n) case n: if constexpr (n < T) format_rows<Format, n>(a, r0, block); break;
       NS_TAIL(1) NS_TAIL(2) NS_TAIL(3) NS_TAIL(4) NS_TAIL(5) NS_TAIL(6) NS_TAIL(7)
 #undef NS_TAIL
       default: break;
@@ -147,11 +104,21 @@ void drive_linear(const LinearArgs& a, int64_t b0, int64_t b1) {
   }
 }
 
-template <int R> struct Q4Rows { static void run(const LinearArgs& a, int64_t r0, int64_t b) { q4_rows<R>(a, r0, b); } };
-template <int R> struct Q8Rows { static void run(const LinearArgs& a, int64_t r0, int64_t b) { q8_rows<R>(a, r0, b); } };
-
-void q4_linear(const LinearArgs& a, int64_t b0, int64_t b1) { drive_linear<Q4Rows>(a, b0, b1); }
-void q8_linear(const LinearArgs& a, int64_t b0, int64_t b1) { drive_linear<Q8Rows>(a, b0, b1); }
+LinearKernel linear_kernel(int64_t ggml) {
+  switch (ggml) {
+    case kQ4_0: return format_linear<QFormat<kQ4_0>>;
+    case kQ4_1: return format_linear<QFormat<kQ4_1>>;
+    case kQ5_0: return format_linear<QFormat<kQ5_0>>;
+    case kQ5_1: return format_linear<QFormat<kQ5_1>>;
+    case kQ8_0: return format_linear<QFormat<kQ8_0>>;
+    case kQ2_K: return format_linear<KFormat<kQ2_K>>;
+    case kQ3_K: return format_linear<KFormat<kQ3_K>>;
+    case kQ4_K: return format_linear<KFormat<kQ4_K>>;
+    case kQ5_K: return format_linear<KFormat<kQ5_K>>;
+    case kQ6_K: return format_linear<KFormat<kQ6_K>>;
+    default: return nullptr;
+  }
+}
 
 // -- paged attention ---------------------------------------------------------------------
 
@@ -388,6 +355,6 @@ void argmax_rows(const float* x, int64_t k, int64_t* out, int64_t r0, int64_t r1
 }
 
 const KernelTable table = {
-    NS_ISA_NAME, quantize, q4_linear, q8_linear, attention, rope_write_kv, rms_norm, silu_mul,
+    NS_ISA_NAME, quantize, linear_kernel, attention, rope_write_kv, rms_norm, silu_mul,
     argmax_rows, NS_ROW_TILE,
 };

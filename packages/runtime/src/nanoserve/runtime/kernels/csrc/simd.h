@@ -94,6 +94,9 @@ inline I16 i_set1(int32_t x) { return {_mm512_set1_epi32(x)}; }
 inline I16 i_add(I16 a, I16 b) { return {_mm512_add_epi32(a.v, b.v)}; }
 inline I16 i_sub(I16 a, I16 b) { return {_mm512_sub_epi32(a.v, b.v)}; }
 inline I16 i_shl(I16 a, int n) { return {_mm512_slli_epi32(a.v, n)}; }
+inline I16 i_shr(I16 a, int n) { return {_mm512_srli_epi32(a.v, n)}; }
+inline I16 i_and(I16 a, I16 b) { return {_mm512_and_si512(a.v, b.v)}; }
+inline I16 i_mul(I16 a, I16 b) { return {_mm512_mullo_epi32(a.v, b.v)}; }  // of products < 2^31
 inline int32_t i_hsum(I16 a) { return _mm512_reduce_add_epi32(a.v); }  // exact in any order
 inline void i_store_i8(int8_t* p, I16 a) {  // of values in [-127, 127]
   _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm512_cvtsepi32_epi8(a.v));
@@ -104,6 +107,21 @@ inline B64 b_low_nibbles(B64 a) { return {_mm512_and_si512(a.v, _mm512_set1_epi8
 inline B64 b_high_nibbles(B64 a) {
   return {_mm512_and_si512(_mm512_srli_epi16(a.v, 4), _mm512_set1_epi8(0x0F))};
 }
+inline B64 b_or(B64 a, B64 b) { return {_mm512_or_si512(a.v, b.v)}; }
+// Per byte: ((a >> from) & mask) << to. One 16-bit shift and a mask: the bits a shift carries
+// across a byte boundary land outside `mask << to` (the field lies within its byte).
+inline B64 b_field(B64 a, int from, int mask, int to) {
+  const __m512i v = from > to ? _mm512_srli_epi16(a.v, from - to) : _mm512_slli_epi16(a.v, to - from);
+  return {_mm512_and_si512(v, _mm512_set1_epi8(static_cast<char>(mask << to)))};
+}
+// 16 bytes, one per lane, widened.
+inline I16 i_from_u8(const uint8_t* p) {
+  return {_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)))};
+}
+inline I16 i_from_i8(const uint8_t* p) {
+  return {_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)))};
+}
+inline F16 f_from_u8(const uint8_t* p) { return {_mm512_cvtepi32_ps(i_from_u8(p).v)}; }
 // acc[lane] + sum over b < 4 of w[4 lane + b] (unsigned) * x[b] (signed): exact in int32.
 inline I16 i_dot(I16 acc, B64 w, int32_t x4) {
   return {_mm512_dpbusd_epi32(acc.v, w.v, _mm512_set1_epi32(x4))};
@@ -118,6 +136,14 @@ using W16 = I16;
 inline W16 w_zero() { return i_zero(); }
 inline W16 w_dot(W16 acc, B64 w, int32_t x4) { return i_dot(acc, w, x4); }
 inline I16 w_sum(W16 a) { return a; }
+// Dots: one group's dot products of small unsigned levels (at most 6 bits) against int8 inputs,
+// 8 inputs a call (a chunk's low and high halves). int32 lanes here: one accumulator, exact.
+struct Dots { I16 v; };
+inline Dots d_zero() { return {i_zero()}; }
+inline Dots d_add(Dots a, B64 lo, B64 hi, int32_t x_lo, int32_t x_hi) {
+  return {i_dot(i_dot(a.v, lo, x_lo), hi, x_hi)};
+}
+inline I16 d_sum(Dots a) { return a.v; }
 
 // -- AVX2 (with FMA and F16C): each 16-lane vector is two 8-lane halves -------------------
 #elif defined(NS_AVX2)
@@ -186,6 +212,9 @@ inline I16 i_set1(int32_t x) { return {_mm256_set1_epi32(x), _mm256_set1_epi32(x
 inline I16 i_add(I16 a, I16 b) { return {_mm256_add_epi32(a.lo, b.lo), _mm256_add_epi32(a.hi, b.hi)}; }
 inline I16 i_sub(I16 a, I16 b) { return {_mm256_sub_epi32(a.lo, b.lo), _mm256_sub_epi32(a.hi, b.hi)}; }
 inline I16 i_shl(I16 a, int n) { return {_mm256_slli_epi32(a.lo, n), _mm256_slli_epi32(a.hi, n)}; }
+inline I16 i_shr(I16 a, int n) { return {_mm256_srli_epi32(a.lo, n), _mm256_srli_epi32(a.hi, n)}; }
+inline I16 i_and(I16 a, I16 b) { return {_mm256_and_si256(a.lo, b.lo), _mm256_and_si256(a.hi, b.hi)}; }
+inline I16 i_mul(I16 a, I16 b) { return {_mm256_mullo_epi32(a.lo, b.lo), _mm256_mullo_epi32(a.hi, b.hi)}; }
 inline int32_t i_hsum(I16 a) {
   const __m256i s = _mm256_add_epi32(a.lo, a.hi);
   __m128i t = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
@@ -210,6 +239,18 @@ inline B64 b_high_nibbles(B64 a) {
   const __m256i m = _mm256_set1_epi8(0x0F);
   return {_mm256_and_si256(_mm256_srli_epi16(a.lo, 4), m), _mm256_and_si256(_mm256_srli_epi16(a.hi, 4), m)};
 }
+inline B64 b_or(B64 a, B64 b) { return {_mm256_or_si256(a.lo, b.lo), _mm256_or_si256(a.hi, b.hi)}; }
+inline __m256i field8(__m256i a, int from, int mask, int to) {
+  const __m256i v = from > to ? _mm256_srli_epi16(a, from - to) : _mm256_slli_epi16(a, to - from);
+  return _mm256_and_si256(v, _mm256_set1_epi8(static_cast<char>(mask << to)));
+}
+inline B64 b_field(B64 a, int from, int mask, int to) {
+  return {field8(a.lo, from, mask, to), field8(a.hi, from, mask, to)};
+}
+inline __m128i load8(const uint8_t* p) { return _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)); }
+inline I16 i_from_u8(const uint8_t* p) { return {_mm256_cvtepu8_epi32(load8(p)), _mm256_cvtepu8_epi32(load8(p + 8))}; }
+inline I16 i_from_i8(const uint8_t* p) { return {_mm256_cvtepi8_epi32(load8(p)), _mm256_cvtepi8_epi32(load8(p + 8))}; }
+inline F16 f_from_u8(const uint8_t* p) { return i_to_f(i_from_u8(p)); }
 // maddubs multiplies unsigned by signed bytes and adds pairs into int16 with saturation; for
 // w <= 15 and |x| <= 127 a pair is at most 3,810, so nothing saturates and the sum is exact.
 inline __m256i dot8(__m256i acc, __m256i w, __m256i x) {
@@ -243,6 +284,14 @@ inline I16 w_sum(W16 a) {
   const __m256i ones = _mm256_set1_epi16(1);
   return {_mm256_madd_epi16(a.lo, ones), _mm256_madd_epi16(a.hi, ones)};
 }
+// Dots: int16 lanes (maddubs pairs), a chunk's low and high halves in two accumulators, so each
+// takes at most 4 chunks of 4-5 bit levels or 2 of 6-bit ones without overflow (see W16).
+struct Dots { W16 lo, hi; };
+inline Dots d_zero() { return {w_zero(), w_zero()}; }
+inline Dots d_add(Dots a, B64 lo, B64 hi, int32_t x_lo, int32_t x_hi) {
+  return {w_dot(a.lo, lo, x_lo), w_dot(a.hi, hi, x_hi)};
+}
+inline I16 d_sum(Dots a) { return i_add(w_sum(a.lo), w_sum(a.hi)); }
 
 // -- plain C++: the same operations one lane at a time -----------------------------------
 #else
@@ -307,12 +356,24 @@ inline I16 i_set1(int32_t x) { I16 r; NS_LANES(x) return r; }
 inline I16 i_add(I16 a, I16 b) { I16 r; NS_LANES(a.v[i] + b.v[i]) return r; }
 inline I16 i_sub(I16 a, I16 b) { I16 r; NS_LANES(a.v[i] - b.v[i]) return r; }
 inline I16 i_shl(I16 a, int n) { I16 r; NS_LANES(static_cast<int32_t>(static_cast<uint32_t>(a.v[i]) << n)) return r; }
+inline I16 i_shr(I16 a, int n) { I16 r; NS_LANES(static_cast<int32_t>(static_cast<uint32_t>(a.v[i]) >> n)) return r; }
+inline I16 i_and(I16 a, I16 b) { I16 r; NS_LANES(a.v[i] & b.v[i]) return r; }
+inline I16 i_mul(I16 a, I16 b) { I16 r; NS_LANES(a.v[i] * b.v[i]) return r; }
 inline int32_t i_hsum(I16 a) { int32_t s = 0; for (int i = 0; i < 16; ++i) s += a.v[i]; return s; }
 inline void i_store_i8(int8_t* p, I16 a) { for (int i = 0; i < 16; ++i) p[i] = static_cast<int8_t>(a.v[i]); }
 
 inline B64 b_load(const uint8_t* p) { B64 r; std::memcpy(r.v, p, 64); return r; }
 inline B64 b_low_nibbles(B64 a) { B64 r; for (int i = 0; i < 64; ++i) r.v[i] = a.v[i] & 0x0F; return r; }
 inline B64 b_high_nibbles(B64 a) { B64 r; for (int i = 0; i < 64; ++i) r.v[i] = a.v[i] >> 4; return r; }
+inline B64 b_or(B64 a, B64 b) { B64 r; for (int i = 0; i < 64; ++i) r.v[i] = a.v[i] | b.v[i]; return r; }
+inline B64 b_field(B64 a, int from, int mask, int to) {
+  B64 r;
+  for (int i = 0; i < 64; ++i) r.v[i] = static_cast<uint8_t>(((a.v[i] >> from) & mask) << to);
+  return r;
+}
+inline I16 i_from_u8(const uint8_t* p) { I16 r; NS_LANES(p[i]) return r; }
+inline I16 i_from_i8(const uint8_t* p) { I16 r; NS_LANES(static_cast<int8_t>(p[i])) return r; }
+inline F16 f_from_u8(const uint8_t* p) { F16 r; NS_LANES(static_cast<float>(p[i])) return r; }
 inline I16 i_dot(I16 acc, B64 w, int32_t x4) {
   int8_t x[4];
   std::memcpy(x, &x4, 4);
@@ -326,6 +387,12 @@ using W16 = I16;
 inline W16 w_zero() { return i_zero(); }
 inline W16 w_dot(W16 acc, B64 w, int32_t x4) { return i_dot(acc, w, x4); }
 inline I16 w_sum(W16 a) { return a; }
+struct Dots { I16 v; };
+inline Dots d_zero() { return {i_zero()}; }
+inline Dots d_add(Dots a, B64 lo, B64 hi, int32_t x_lo, int32_t x_hi) {
+  return {i_dot(i_dot(a.v, lo, x_lo), hi, x_hi)};
+}
+inline I16 d_sum(Dots a) { return a.v; }
 
 #undef NS_LANES
 #endif

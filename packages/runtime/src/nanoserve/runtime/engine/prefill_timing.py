@@ -1,0 +1,117 @@
+"""measure_prefill_budget: the boot's timing of decode steps and a prompt chunk, as a budget.
+
+Three forwards over padding, each the fastest of a few runs (a shared machine's stolen time
+only ever adds): a decode step of one row, one of `max_batch` rows, and a prompt chunk. Every
+token of them writes the sink slot and reads only it, on a scratch pool of one block, so the
+measurement touches nothing a request will read. Decode rows see no context here, so the decode
+step is priced a little low, and the budget errs towards shorter chunks.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import torch
+
+from nanoserve.core import DecodePlan, KVPoolPlan, PrefillBudget, PrefillPlan, pad_decode
+from nanoserve.runtime.engine_config import EngineConfig
+from nanoserve.runtime.model.kv_pool import KVPool
+from nanoserve.runtime.model.llama import LlamaModel
+
+REPEATS = 3
+
+
+def measure_prefill_budget(
+    model: LlamaModel,
+    *,
+    max_batch: int,
+    max_tokens: int,
+    block_size: int,
+    max_positions: int,
+    ratio: float = 1.5,
+) -> PrefillBudget:
+    cfg = model.config
+    plan = KVPoolPlan(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, model.dtype, block_size, 1)
+    pool = KVPool(plan, model.device)
+    sink = pool.plan.sink_slot
+    rows = max(2, max_batch)
+    chunk = max(1, min(128, max_tokens, max_positions))
+
+    def forward(plan: DecodePlan | PrefillPlan) -> Callable[[], object]:
+        return lambda: model.forward(plan, pool.warm())
+
+    one_row_s = _fastest(forward(padding_decode(1, sink, model.device)))
+    rows_s = _fastest(forward(padding_decode(rows, sink, model.device)))
+    tokens_s = _fastest(forward(padding_prefill(chunk, sink, model.device)))
+    return PrefillBudget.from_timings(
+        max_tokens=max_tokens,
+        one_row_s=one_row_s,
+        rows=rows,
+        rows_s=rows_s,
+        tokens=chunk,
+        tokens_s=tokens_s,
+        ratio=ratio,
+        min_tokens=block_size,
+    )
+
+
+def _fastest(run: Callable[[], object]) -> float:
+    best = float("inf")
+    with torch.inference_mode():
+        run()  # the first call pays for allocations and page faults
+        for _ in range(REPEATS):
+            started = time.perf_counter()
+            run()
+            best = min(best, time.perf_counter() - started)
+    return best
+
+
+def padding_decode(rows: int, sink: int, device: torch.device) -> DecodePlan:
+    """`rows` padded rows: length 0, each writing the sink."""
+    empty = DecodePlan(
+        seq_ids=(),
+        pad_rows=0,
+        input_ids=torch.empty(0, dtype=torch.int64, device=device),
+        positions=torch.empty(0, dtype=torch.int64, device=device),
+        write_slots=torch.empty(0, dtype=torch.int64, device=device),
+        context_lens=torch.empty(0, dtype=torch.int64, device=device),
+        slot_rect=torch.empty((0, 0), dtype=torch.int64, device=device),
+        sink_slot=sink,
+    )
+    return pad_decode(empty, rows, 1)
+
+
+def padding_prefill(tokens: int, sink: int, device: torch.device) -> PrefillPlan:
+    """One chunk of `tokens` tokens at positions 0.., every one writing and reading the sink:
+    a prompt's arithmetic (attention over its own positions included) on no real slot."""
+    positions = torch.arange(tokens, dtype=torch.int64, device=device)
+    return PrefillPlan(
+        seq_ids=(),
+        input_ids=torch.zeros(tokens, dtype=torch.int64, device=device),
+        positions=positions,
+        write_slots=torch.full((tokens,), sink, dtype=torch.int64, device=device),
+        query_starts=(0, tokens),
+        context_lens=torch.tensor([tokens], dtype=torch.int64, device=device),
+        slot_rect=torch.full((1, tokens), sink, dtype=torch.int64, device=device),
+        last_token_idx=torch.tensor([tokens - 1], dtype=torch.int64, device=device),
+        token_rows=torch.zeros(tokens, dtype=torch.int64, device=device),
+        token_context_lens=positions + 1,
+        sink_slot=sink,
+    )
+
+
+def resolve_prefill_budget(model: LlamaModel, config: EngineConfig) -> PrefillBudget | None:
+    """The config's prefill budget as the scheduler takes it: measured here for "auto"."""
+    budget = config.prefill_budget
+    if budget is None or isinstance(budget, PrefillBudget):
+        return budget
+    if budget == "auto":
+        return measure_prefill_budget(
+            model,
+            max_batch=config.max_batch,
+            max_tokens=config.max_num_batched_tokens,
+            block_size=config.block_size,
+            max_positions=config.max_model_len or 1,
+        )
+    return PrefillBudget.fixed(int(budget), config.max_num_batched_tokens)
