@@ -220,7 +220,7 @@ def model_side_by_side(
     extra: list[str],
 ) -> tuple[list[dict[str, object]], dict[str, object]]:
     budget = kv_budget_for(gguf, PEER_CONTEXT)
-    flags = ["--model", str(gguf), "--max-batch", "32", "--max-model-len", "1024"]
+    flags = [str(gguf), "--max-batch", "32", "--max-model-len", "1024"]
     flags += ["--kv-budget", str(budget), *extra]
     ours_process, ours_url, ours_ready = start_server(flags)
     peer_process, peer_url, peer_ready = start_peer(peer, str(gguf), threads)

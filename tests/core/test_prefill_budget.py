@@ -12,16 +12,33 @@ from nanoserve.core import PrefillBudget, PrefillBudgetError
 def test_tokens_keep_a_mixed_step_within_the_ratio() -> None:
     # decode: 10 ms + 2 ms a row; a prompt token 1 ms; ratio 1.5: half a decode step of tokens
     budget = PrefillBudget(max_tokens=64, base_s=0.010, per_row_s=0.002, per_token_s=0.001)
-    assert budget.tokens(0) == 64  # nothing decodes: the whole step
     assert budget.tokens(1) == 16  # 0.5 * 12 ms = 6 tokens, raised to min_tokens
     assert budget.tokens(12) == 17  # 0.5 * 34 ms
     assert budget.tokens(40) == 24  # 0.5 * 90 ms = 45, but only 64 - 40 are left
     assert budget.decode_step_s(12) == pytest.approx(0.034)
 
 
+def test_a_backlog_is_worked_off_within_the_burst_bound() -> None:
+    # 32 rows at most: the widest decode step is 74 ms, a step at most 3x that, 222 ms.
+    budget = PrefillBudget(
+        max_tokens=512, base_s=0.010, per_row_s=0.002, per_token_s=0.001, max_rows=32
+    )
+    assert budget.burst_tokens(0) == 222 and budget.burst_tokens(2) == 208  # 222 - 14 ms
+    assert budget.tokens(2) == 16  # steady: 0.5 * 14 ms = 7, raised to min_tokens
+    assert budget.tokens(2, waiting=100) == 100  # a backlog, in one step (horizon 1)
+    assert budget.tokens(2, waiting=2000) == 208  # but no step past 3 widest decode steps
+    assert budget.tokens(0, waiting=2000) == 222  # nothing decodes: the length bound alone
+    assert budget.tokens(32, waiting=2000) == 148  # 222 - 74 ms
+    slow = PrefillBudget(
+        max_tokens=512, base_s=0.010, per_row_s=0.002, per_token_s=0.001, max_rows=32, horizon=4
+    )
+    assert slow.tokens(2, waiting=400) == 100  # a quarter a step
+
+
 def test_a_fixed_count() -> None:
     budget = PrefillBudget.fixed(32, max_tokens=512)
     assert [budget.tokens(r) for r in (0, 1, 100, 490)] == [512, 32, 32, 22]
+    assert budget.tokens(1, waiting=10_000) == 32  # no backlog rule without costs
     assert budget.as_dict()["tokens_at_1_row"] == 32
 
 
@@ -48,6 +65,8 @@ def test_from_timings_recovers_the_costs() -> None:
         {"max_tokens": 8, "per_token_s": -1.0},
         {"max_tokens": 8, "ratio": 0.9},
         {"max_tokens": 8, "base_s": float("nan")},
+        {"max_tokens": 8, "burst": 0.5},
+        {"max_tokens": 8, "horizon": 0},
     ],
 )
 def test_impossible_budgets_are_refused(fields: dict[str, float]) -> None:
@@ -65,11 +84,17 @@ def test_impossible_budgets_are_refused(fields: dict[str, float]) -> None:
 def test_bounds_hold_for_any_costs(
     base: float, per_row: float, per_token: float, rows: int, max_tokens: int
 ) -> None:
-    budget = PrefillBudget(max_tokens, base, per_row, per_token)
+    budget = PrefillBudget(max_tokens, base, per_row, per_token, max_rows=256)
     tokens = budget.tokens(rows)
     assert 0 <= tokens <= max(0, max_tokens - rows)  # the step's budget is never exceeded
     step = budget.decode_step_s(rows)
     if tokens > budget.min_tokens:  # not held up by the floor: within the ratio
-        assert step + tokens * per_token <= budget.ratio * step * (1 + 1e-9)
+        assert step + tokens * per_token <= budget.ratio * step + 1e-5 * per_token
     # a wider decode step allows as many prompt tokens, unless the step's room runs out
     assert budget.tokens(rows + 1) >= min(tokens, max(0, max_tokens - rows - 1))
+    # a backlog never takes a step past the burst bound, nor the steady rule away
+    backlog = budget.tokens(rows, waiting=100_000)
+    widest = budget.burst * budget.decode_step_s(256)
+    assert tokens <= backlog
+    if backlog > max(tokens, budget.min_tokens):
+        assert step + backlog * per_token <= widest + 1e-5 * per_token

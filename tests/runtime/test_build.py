@@ -204,7 +204,7 @@ def test_the_prefill_budget_is_measured_at_boot(tiny_mixed_gguf: Path) -> None:
     assert budget is not None and budget.per_token_s > 0 and budget.base_s + budget.per_row_s > 0
     assert engine.scheduler.prefill_budget is budget  # type: ignore[attr-defined]
     said = next(line for line in lines if line.startswith("prefill budget:"))
-    assert f"up to {budget.tokens(1)} prompt tokens at 1 decoding row" in said
+    assert f"carries {budget.tokens(1)} prompt tokens at 1 row" in said
 
 
 def test_quantize_auto_on_a_float_checkpoint_is_the_dtype(tiny_llama_dir: Path) -> None:

@@ -1,21 +1,30 @@
 """PrefillBudget: how many prompt tokens a step may carry while sequences decode.
 
 A prompt chunk shares its step with the decoding rows, so every decoding sequence waits for it:
-on a CPU a 512-token chunk of a 0.5B model takes ~0.6 s against a ~60 ms decode step, and each
-stream's next token comes ten steps late. The budget keeps a mixed step within `ratio` of the
-decode step alone. With a decode step of `rows` rows costing `base + per_row * rows` seconds and
-one prompt token `per_token`, a step may carry
+on a CPU a 512-token chunk of a 0.5B model takes ~0.6 s against a ~50 ms decode step, and each
+stream's next token comes ten steps late. With a decode step of `rows` rows costing
+`base + per_row * rows` seconds and one prompt token `per_token`, two rules bound a step:
 
-    tokens(rows) = floor((ratio - 1) * (base + per_row * rows) / per_token)
+- steady: the step stays within `ratio` of the decode step alone,
+      ratio_tokens(rows) = (ratio - 1) * decode(rows) / per_token;
+- backlog: prompts waiting (`waiting` tokens, a burst of arrivals) are worked off within
+  `horizon` steps, but no step grows past `burst` times the widest decode step (`max_rows`),
+      burst_tokens(rows) = (burst * decode(max_rows) - decode(rows)) / per_token.
 
-prompt tokens, clamped to [min_tokens, max_tokens - rows] (min_tokens so that prompts advance
-however short the decode step). With no sequence decoding, nothing waits: the whole step budget.
-The three costs are measured at boot (runtime's engine/prefill_timing.py), or the budget is a
-fixed count (`fixed`).
+A step carries max(ratio_tokens, min(waiting / horizon, burst_tokens)) prompt tokens, at least
+`min_tokens` (prompts always advance), at most what the step's token budget leaves. The steady
+rule alone cannot keep up with a burst: it gives prompts a third of the machine at ratio 1.5,
+and 32 arrivals at once would wait for tens of seconds. With no sequence decoding, the step is
+bounded by the burst rule alone: its prompts start decoding the sooner (32 prompts in chunks of
+~3 reach their first tokens ~1.4 s sooner on average than in chunks of 8), and their sequences
+then finish, and their clients' next requests arrive, spread out rather than all at once.
+The costs are measured at boot (runtime's engine/prefill_timing.py), or the budget is a fixed
+count (`fixed`).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from nanoserve.core.errors import NanoserveError
@@ -31,8 +40,11 @@ class PrefillBudget:
     base_s: float = 0.0  # a decode step's cost at zero rows (the weights streamed once)
     per_row_s: float = 0.0  # and per row
     per_token_s: float = 0.0  # one prompt token in a chunk; 0: a fixed count, `min_tokens`
-    ratio: float = 1.5  # a mixed step's bound, as a multiple of the decode step alone
+    ratio: float = 1.5  # steady: a mixed step within this multiple of the decode step alone
     min_tokens: int = 16
+    max_rows: int = 1  # the widest decode step (the scheduler's row limit)
+    burst: float = 3.0  # no step past this multiple of the widest decode step
+    horizon: int = 1  # backlog: steps to work a burst off in
 
     def __post_init__(self) -> None:
         check_prefill_budget(self)
@@ -52,32 +64,44 @@ class PrefillBudget:
         rows_s: float,
         tokens: int,
         tokens_s: float,
-        ratio: float = 1.5,
-        min_tokens: int = 16,
+        **rules: float,
     ) -> PrefillBudget:
-        """From a decode step of 1 row, one of `rows` rows, and a chunk of `tokens` tokens."""
+        """From a decode step of 1 row, one of `rows` rows (the row limit), and a chunk of
+        `tokens` tokens; `rules` set ratio, min_tokens, burst and horizon."""
         per_row = max(0.0, (rows_s - one_row_s) / (rows - 1)) if rows > 1 else 0.0
         return cls(
             max_tokens=max_tokens,
             base_s=max(0.0, one_row_s - per_row),
             per_row_s=per_row,
             per_token_s=tokens_s / tokens,
-            ratio=ratio,
-            min_tokens=min_tokens,
+            max_rows=rows,
+            **rules,  # type: ignore[arg-type]
         )
 
     def decode_step_s(self, rows: int) -> float:
         return self.base_s + self.per_row_s * rows
 
-    def tokens(self, decode_rows: int) -> int:
-        """Prompt tokens a step with `decode_rows` decoding rows may carry."""
+    def ratio_tokens(self, rows: int) -> int:
+        return _whole((self.ratio - 1) * self.decode_step_s(rows) / self.per_token_s)
+
+    def burst_tokens(self, rows: int) -> int:
+        widest = self.burst * self.decode_step_s(max(rows, self.max_rows))
+        return max(
+            0, _whole((widest - (self.decode_step_s(rows) if rows else 0.0)) / self.per_token_s)
+        )
+
+    def tokens(self, decode_rows: int, waiting: int = 0) -> int:
+        """Prompt tokens a step with `decode_rows` decoding rows may carry, with `waiting`
+        prompt tokens not yet computed (queued, or the rest of chunked prompts)."""
         room = self.max_tokens - decode_rows
-        if decode_rows == 0:
-            return room
-        if self.per_token_s == 0.0:
-            return max(0, min(room, self.min_tokens))
-        allowed = int((self.ratio - 1) * self.decode_step_s(decode_rows) / self.per_token_s)
-        return max(0, min(room, max(self.min_tokens, allowed)))
+        if self.per_token_s == 0.0:  # a fixed count
+            return room if decode_rows == 0 else max(0, min(room, self.min_tokens))
+        cap = self.burst_tokens(decode_rows)
+        if decode_rows == 0:  # nothing waits on this step: only its length is bounded
+            return max(0, min(room, max(self.min_tokens, cap)))
+        allowed = max(self.min_tokens, self.ratio_tokens(decode_rows))
+        allowed = max(allowed, min(math.ceil(waiting / self.horizon), cap))
+        return max(0, min(room, allowed))
 
     def as_dict(self) -> dict[str, float | int]:
         return {
@@ -87,19 +111,30 @@ class PrefillBudget:
             "prompt_token_ms": round(self.per_token_s * 1e3, 4),
             "ratio": self.ratio,
             "min_tokens": self.min_tokens,
+            "max_rows": self.max_rows,
+            "burst": self.burst,
+            "horizon": self.horizon,
             "tokens_at_1_row": self.tokens(1),
+            "tokens_at_max_rows": self.tokens(self.max_rows),
         }
+
+
+def _whole(tokens: float) -> int:
+    """Whole tokens, not one fewer for a quotient that float arithmetic left at 221.99999."""
+    return math.floor(tokens + 1e-6)
 
 
 def check_prefill_budget(budget: PrefillBudget) -> None:
     costs = (budget.base_s, budget.per_row_s, budget.per_token_s)
-    if budget.max_tokens < 1 or budget.min_tokens < 1:
+    counts = (budget.max_tokens, budget.min_tokens, budget.max_rows, budget.horizon)
+    if min(counts) < 1:
         raise PrefillBudgetError(
-            f"a prefill budget needs max_tokens >= 1 and min_tokens >= 1,"
-            f" got {budget.max_tokens} and {budget.min_tokens}"
+            "a prefill budget needs max_tokens, min_tokens, max_rows and horizon >= 1, got"
+            f" {budget.max_tokens}, {budget.min_tokens}, {budget.max_rows}, {budget.horizon}"
         )
-    if any(c < 0 or c != c for c in costs) or budget.ratio < 1:
+    if any(c < 0 or c != c for c in costs) or budget.ratio < 1 or budget.burst < 1:
         raise PrefillBudgetError(
-            f"costs must be >= 0 and the ratio >= 1, got base {budget.base_s} s, per row"
-            f" {budget.per_row_s} s, per token {budget.per_token_s} s, ratio {budget.ratio}"
+            f"costs must be >= 0 and the ratios >= 1, got base {budget.base_s} s, per row"
+            f" {budget.per_row_s} s, per token {budget.per_token_s} s, ratio {budget.ratio},"
+            f" burst {budget.burst}"
         )

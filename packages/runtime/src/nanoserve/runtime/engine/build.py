@@ -94,10 +94,10 @@ def build_engine(
         say(
             f"prefill budget: a decode step of r rows measured at {budget.base_s * 1e3:.1f} ms"
             f" + {budget.per_row_s * 1e3:.2f} ms/row, a prompt token at"
-            f" {budget.per_token_s * 1e3:.2f} ms; a step carries up to"
-            f" {budget.tokens(1)} prompt tokens at 1 decoding row,"
-            f" {budget.tokens(config.max_batch)} at {config.max_batch}"
-            f" (within {budget.ratio}x of the decode step)"
+            f" {budget.per_token_s * 1e3:.2f} ms; while sequences decode a step carries"
+            f" {budget.tokens(1)} prompt tokens at 1 row, {budget.tokens(config.max_batch)} at"
+            f" {config.max_batch} (within {budget.ratio}x of the decode step), and a backlog up"
+            f" to {budget.burst_tokens(1)} (steps within {budget.burst}x the widest decode step)"
         )
     say(
         f"planned K/V pool: {engine.pool_plan.num_blocks} blocks of {config.block_size}"

@@ -19,7 +19,7 @@ from nanoserve.runtime.engine_config import EngineConfig
 from nanoserve.runtime.model.kv_pool import KVPool
 from nanoserve.runtime.model.llama import LlamaModel
 
-REPEATS = 3
+REPEATS = 5
 
 
 def measure_prefill_budget(
@@ -29,14 +29,15 @@ def measure_prefill_budget(
     max_tokens: int,
     block_size: int,
     max_positions: int,
-    ratio: float = 1.5,
 ) -> PrefillBudget:
     cfg = model.config
     plan = KVPoolPlan(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, model.dtype, block_size, 1)
     pool = KVPool(plan, model.device)
     sink = pool.plan.sink_slot
     rows = max(2, max_batch)
-    chunk = max(1, min(128, max_tokens, max_positions))
+    # A chunk of the size the budget gives out (tens of tokens): a long one's attention costs
+    # more per token, and would price the budget too low.
+    chunk = max(1, min(64, max_tokens, max_positions))
 
     def forward(plan: DecodePlan | PrefillPlan) -> Callable[[], object]:
         return lambda: model.forward(plan, pool.warm())
@@ -51,7 +52,6 @@ def measure_prefill_budget(
         rows_s=rows_s,
         tokens=chunk,
         tokens_s=tokens_s,
-        ratio=ratio,
         min_tokens=block_size,
     )
 

@@ -6,8 +6,9 @@ are admitted while rows, budget and blocks last. When the pool runs dry mid-deco
 recently admitted sequence is preempted: its blocks are freed and it is recomputed later.
 
 Every decoding sequence waits for the prompt tokens its step carries, so with a
-`PrefillBudget` those are bounded by how many sequences decode (core/prefill_budget.py): a
-mixed step stays within a ratio of the decode step alone, and only a step with nothing
+`PrefillBudget` those are bounded by how many sequences decode and how many prompt tokens wait
+(core/prefill_budget.py): a mixed step stays within a ratio of the decode step alone unless a
+backlog of prompts needs more (then within a burst bound), and only a step with nothing
 decoding takes the whole token budget.
 """
 
@@ -91,7 +92,9 @@ class Scheduler:
         decoding = sum(1 for seq in self.running if seq.uncomputed == 1)
         prompt_budget = budget - decoding
         if self.prefill_budget is not None:
-            prompt_budget = min(prompt_budget, self.prefill_budget.tokens(decoding))
+            backlog = sum(s.uncomputed for s in self.running if s.uncomputed > 1)
+            backlog += sum(s.uncomputed for s in self.waiting)
+            prompt_budget = min(prompt_budget, self.prefill_budget.tokens(decoding, backlog))
         scheduled: list[ScheduledSeq] = []
         preempted: list[int] = []
         index = 0
