@@ -68,7 +68,58 @@ TEXT = (
     "        if a[i] <= b[j]:\n            out.append(a[i]); i += 1\n        else:\n"
     "            out.append(b[j]); j += 1\n    return out + a[i:] + b[j:]\n\n"
     "Question: a train leaves at 9:40 and arrives at 13:05. How long is the journey?\n"
-    "Answer: 3 hours and 25 minutes.\n"
+    "Answer: 3 hours and 25 minutes.\n\n"
+    "User: Can you recommend a book about the ocean for a ten-year-old?\n"
+    'Assistant: Try "The Sea Book" by Charlotte Milner. It explains tides, coral reefs and '
+    "the creatures of the deep with bright pictures, and it ends with simple ways to keep "
+    'beaches clean. If she likes stories more than facts, "Island of the Blue Dolphins" is '
+    "a classic about a girl who lives alone on an island for years.\n\n"
+    '{"name": "Ada Lovelace", "born": 1815, "known_for": ["Analytical Engine", "first '
+    'published algorithm"], "languages": {"english": true, "french": true}}\n\n'
+    "To make a simple bread, mix 500 g of flour, 10 g of salt, 7 g of dried yeast and 350 ml "
+    "of warm water. Knead for ten minutes until the dough is smooth, then let it rise in a "
+    "covered bowl for about an hour. Shape it, let it rise again for thirty minutes, and bake "
+    "at 220 degrees for 30 to 35 minutes, until the loaf sounds hollow when tapped.\n\n"
+    "class Stack:\n    def __init__(self):\n        self.items = []\n\n"
+    "    def push(self, item):\n        self.items.append(item)\n\n"
+    "    def pop(self):\n        if not self.items:\n            raise IndexError('empty')\n"
+    "        return self.items.pop()\n\n"
+    "The mitochondrion is often called the powerhouse of the cell: it turns sugars and oxygen "
+    "into ATP, the molecule that carries energy to the rest of the cell. Mitochondria have "
+    "their own small genome, inherited from the mother, which is one reason biologists think "
+    "they began as free-living bacteria that were swallowed by an ancestral cell.\n"
+    "If x + 3 = 11, then x = 8; and if 2y = 14, then y = 7, so x * y = 56.\n"
+)
+
+
+# More positions than one text gives: top-1 agreement near 99% moves by a position in a few
+# hundred, so the accuracy runs over these texts too, each fed whole (one position each).
+MORE_TEXTS = (
+    "Dear Ms. Okafor,\n\nThank you for your letter of 3 March about the delayed shipment. "
+    "I am sorry that the order reached you two weeks late and that two of the twelve chairs "
+    "were scratched. We have checked with our carrier: the pallet was held at the port "
+    "because a customs form was missing a signature, which was our mistake, not yours. "
+    "We will send two new chairs this Friday at no cost, and you do not need to return the "
+    "damaged ones. We have also refunded the delivery charge of 45 euros to your card; it "
+    "should appear within five working days.\n\nWith best wishes,\nTomas Lindqvist\n"
+    "Customer Service, Nordic Oak Furniture\n\n"
+    "SELECT c.name, COUNT(o.id) AS orders, SUM(o.total) AS spent\nFROM customers c\n"
+    "JOIN orders o ON o.customer_id = c.id\nWHERE o.created_at >= '2024-01-01'\n"
+    "GROUP BY c.name\nHAVING COUNT(o.id) > 3\nORDER BY spent DESC\nLIMIT 10;\n\n"
+    "Photosynthesis happens in two stages. In the light-dependent reactions, chlorophyll in "
+    "the thylakoid membranes absorbs light and uses its energy to split water, releasing "
+    "oxygen and making ATP and NADPH. In the Calvin cycle, which takes place in the stroma, "
+    "the plant uses that ATP and NADPH to fix carbon dioxide into three-carbon sugars, some "
+    "of which become glucose, starch and cellulose.\n\n"
+    "1. Preheat the oven to 180 degrees.\n2. Grease a 20 cm tin.\n3. Beat 200 g butter with "
+    "200 g sugar until pale.\n4. Add 4 eggs one at a time, then fold in 200 g flour.\n"
+    "5. Bake for 25 minutes, until a skewer comes out clean.\n\n"
+    "fn fib(n: u64) -> u64 {\n    let (mut a, mut b) = (0, 1);\n    for _ in 0..n {\n"
+    "        let t = a + b;\n        a = b;\n        b = t;\n    }\n    a\n}\n\n"
+    "The Treaty of Westphalia, signed in 1648, ended the Thirty Years' War and is often "
+    "described as the beginning of the modern system of sovereign states: each ruler would "
+    "decide the religion of his own territory, and outside powers would not interfere.\n"
+    "Q: What is 15% of 240? A: 36. Q: What is the square root of 169? A: 13.\n",
 )
 
 
@@ -137,7 +188,7 @@ def teacher_forced_logits(model: LlamaModel, ids: list[int]) -> torch.Tensor:
         num_layers=cfg.num_layers,
         num_kv_heads=cfg.num_kv_heads,
         head_dim=cfg.head_dim,
-        dtype=model.dtype,
+        dtype=model.kv_dtype,
         block_size=16,
         budget_bytes=1 << 28,
         max_blocks=-(-len(ids) // 16) + 1,
@@ -159,9 +210,11 @@ def accuracy(logits: torch.Tensor, exact: torch.Tensor) -> dict[str, float]:
 
 
 def llamacpp_accuracy(
-    peer: Peer, path: Path, ids: list[int], exact: torch.Tensor, threads: int
+    peer: Peer, path: Path, texts: list[list[int]], exact: torch.Tensor, threads: int
 ) -> dict[str, object]:
-    picked = torch.tensor(teacher_forced_top1(peer, path, ids, threads))
+    picked = torch.tensor(
+        [t for ids in texts for t in teacher_forced_top1(peer, path, ids, threads)]
+    )
     agreement = float((picked == exact[: len(picked)].argmax(-1)).float().mean())
     return {
         "form": f"llama.cpp ({peer.backend})",
@@ -195,7 +248,7 @@ def bench_model(
             hf_rates[dtype] = reference(hf.to(dtype), args.repeats)
         del hf
 
-    ids = checkpoint.tokenizer.encode(TEXT)
+    texts = [checkpoint.tokenizer.encode(t) for t in (TEXT, *MORE_TEXTS)]
     rows, accuracy_rows = [], []
     exact: torch.Tensor | None = None
     nan = float("nan")
@@ -224,8 +277,8 @@ def bench_model(
                     ),
                 }
             )
-        # Positions 0 .. n-2: each predicts a token of the text (llama.cpp's are the same).
-        logits = teacher_forced_logits(model, ids)[: len(ids) - 1]
+        # Positions 0 .. n-2 of each text: each predicts a token of the text (as llama.cpp's).
+        logits = torch.cat([teacher_forced_logits(model, ids)[: len(ids) - 1] for ids in texts])
         if exact is None:
             exact = logits
         else:
@@ -235,7 +288,7 @@ def bench_model(
         del model
         gc.collect()
     if peer and exact is not None:
-        accuracy_rows.append(llamacpp_accuracy(peer, path, ids, exact, threads))
+        accuracy_rows.append(llamacpp_accuracy(peer, path, texts, exact, threads))
     return rows, accuracy_rows
 
 

@@ -243,7 +243,7 @@ def build_model(
 def kv_budget(model: LlamaModel, slots: int, block_size: int) -> int:
     """Bytes for `slots` token slots (whole blocks, plus the sink)."""
     cfg = model.config
-    per_slot = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * model.dtype.itemsize
+    per_slot = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * model.kv_dtype.itemsize
     blocks = -(-slots // block_size) + 1
     return per_slot * (blocks * block_size + 1)
 

@@ -92,7 +92,7 @@ def pool_and_rect(dtype: torch.dtype, seed: int) -> tuple[torch.Tensor, torch.Te
     return kv, rect
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_attention_agrees_on_every_isa(runnable_isas: list[str], dtype: torch.dtype) -> None:
     kv, rect = pool_and_rect(dtype, seed=7)
     q = torch.randn(3, 4 * 32, generator=torch.Generator().manual_seed(8))
@@ -104,7 +104,10 @@ def test_attention_agrees_on_every_isa(runnable_isas: list[str], dtype: torch.dt
     assert torch.equal(results["portable"][1], torch.zeros(4 * 32))  # type: ignore[index]
 
 
-def test_norms_rotary_and_silu_agree_on_every_isa(runnable_isas: list[str]) -> None:
+@pytest.mark.parametrize("pool_dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_norms_rotary_and_silu_agree_on_every_isa(
+    runnable_isas: list[str], pool_dtype: torch.dtype
+) -> None:
     g = torch.Generator().manual_seed(9)
     x, delta, w = (
         torch.randn(5, 64, generator=g),
@@ -117,7 +120,7 @@ def test_norms_rotary_and_silu_agree_on_every_isa(runnable_isas: list[str]) -> N
     positions, slots = torch.tensor([0, 3, 15, 7, 7]), torch.tensor([1, 2, 40, 4, 0])
 
     def run() -> tuple[torch.Tensor, ...]:
-        kv = torch.zeros(2, 41, 2, 32, dtype=torch.bfloat16)
+        kv = torch.zeros(2, 41, 2, 32, dtype=pool_dtype)
         rotated, residual = qkv.clone(), x.clone()
         ops.rope_write_kv(rotated, positions, cos, sin, kv, slots, 4)
         normed = ops.add_rms_norm(residual, delta, w, 1e-5)
@@ -131,6 +134,37 @@ def test_norms_rotary_and_silu_agree_on_every_isa(runnable_isas: list[str]) -> N
         )
 
     assert_same_bits(on_every_isa(runnable_isas, run))
+
+
+@pytest.mark.parametrize("pool_dtype", [torch.float16, torch.bfloat16])
+def test_the_pool_rounds_as_torch_does_on_every_isa(
+    runnable_isas: list[str], pool_dtype: torch.dtype
+) -> None:
+    """K and V stored by the kernels are torch's own rounding of them (nearest even), on every
+    path: normal values, ties, subnormal halves, past the half's range, signed zeros."""
+    g = torch.Generator().manual_seed(11)
+    values = torch.cat(
+        (
+            torch.randn(2000, generator=g) * torch.logspace(-9, 5, 2000),
+            torch.tensor([0.0, -0.0, 65504.0, 65519.0, 65520.0, 1e6, -1e6, 6.1e-5, 5.96e-8]),
+            torch.tensor([2.98e-8, 2.9802322e-08, 1.0009765625, 1.00146484375, 1 + 2**-11]),
+        )
+    )
+    tokens = -(-values.numel() // (2 * 2 * 32))  # K and V of 2 heads of 32 per token
+    padded = torch.zeros(tokens * 128)
+    padded[: values.numel()] = values
+    qkv = torch.cat((torch.zeros(tokens, 4 * 32), padded.view(tokens, 128)), dim=1)
+    cos, sin = torch.ones(1, 32), torch.zeros(1, 32)  # no rotation: K as given
+
+    def run() -> torch.Tensor:
+        kv = torch.zeros(2, tokens + 1, 2, 32, dtype=pool_dtype)
+        ops.rope_write_kv(qkv.clone(), torch.zeros(tokens, dtype=torch.int64), cos, sin, kv,
+                          torch.arange(tokens), 4)  # fmt: skip
+        return kv[:, :tokens].permute(1, 0, 2, 3).reshape(-1)
+
+    for isa, stored in on_every_isa(runnable_isas, run).items():
+        expected = padded.to(pool_dtype)
+        assert torch.equal(stored.view(torch.int16), expected.view(torch.int16)), isa  # type: ignore[union-attr]
 
 
 def test_a_bad_slot_is_refused_not_read() -> None:

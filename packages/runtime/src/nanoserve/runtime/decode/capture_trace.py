@@ -58,7 +58,7 @@ def trace_recorded_steps(
         num_layers=config.num_layers,
         num_kv_heads=config.num_kv_heads,
         head_dim=config.head_dim,
-        dtype=model.dtype,
+        dtype=model.kv_dtype,
         block_size=block_size,
         budget_bytes=max_batch * max_model_len * config.num_layers * config.kv_size * 2 * 4,
     )

@@ -89,7 +89,7 @@ class Engine:
             num_layers=cfg.num_layers,
             num_kv_heads=cfg.num_kv_heads,
             head_dim=cfg.head_dim,
-            dtype=model.dtype,
+            dtype=model.kv_dtype,
             block_size=config.block_size,
             budget_bytes=config.kv_budget_bytes,
         )

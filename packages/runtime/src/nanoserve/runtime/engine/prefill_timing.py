@@ -19,7 +19,7 @@ from nanoserve.runtime.engine_config import EngineConfig
 from nanoserve.runtime.model.kv_pool import KVPool
 from nanoserve.runtime.model.llama import LlamaModel
 
-REPEATS = 5
+REPEATS = 3
 
 
 def measure_prefill_budget(
@@ -31,7 +31,7 @@ def measure_prefill_budget(
     max_positions: int,
 ) -> PrefillBudget:
     cfg = model.config
-    plan = KVPoolPlan(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, model.dtype, block_size, 1)
+    plan = KVPoolPlan(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, model.kv_dtype, block_size, 1)
     pool = KVPool(plan, model.device)
     sink = pool.plan.sink_slot
     rows = max(2, max_batch)

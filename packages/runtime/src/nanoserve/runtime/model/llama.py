@@ -120,8 +120,11 @@ class LlamaModel:
         self.batch_invariant = batch_invariant
         self.accum_dtype = attention_dtype(dtype, batch_invariant, self.device)
         kernel_ops = quantize in KERNEL_FORMS
-        # nanoserve's kernels keep the residual stream, norms and biases in float32.
+        # nanoserve's kernels keep the residual stream, norms and biases in float32, and the K/V
+        # pool in IEEE half, as llama.cpp's default cache: 11 significant bits to bf16's 8
+        # (teacher-forced on Qwen2.5-0.5B: mean |dlogit| 0.044 with a bf16 pool, 0.041 fp32).
         small_dtype = torch.float32 if kernel_ops else dtype
+        self.kv_dtype = torch.float16 if kernel_ops else dtype
 
         def source(name: str) -> Source:
             try:
@@ -253,7 +256,7 @@ class LlamaModel:
             num_kv_heads=cfg.num_kv_heads,
             head_dim=cfg.head_dim,
             vocab_size=cfg.vocab_size,
-            pool_bytes=self.dtype.itemsize,
+            pool_bytes=self.kv_dtype.itemsize,
             accum_bytes=self.accum_dtype.itemsize,
             gathers=self.ops.name == "torch",
         )

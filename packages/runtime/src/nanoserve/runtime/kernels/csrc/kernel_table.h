@@ -11,6 +11,10 @@
 
 namespace nanoserve {
 
+// How the K/V pool stores a value: float32, bfloat16 (torch's rounding) or float16 (IEEE half,
+// llama.cpp's default cache type: 11 significant bits against bf16's 8).
+enum class KvType : int32_t { kF32 = 0, kBF16 = 1, kF16 = 2 };
+
 // Activations quantized per row in groups of 32, as the linears read them.
 struct QuantizedRows {
   const int8_t* q;       // [rows, k]
@@ -35,7 +39,7 @@ using LinearKernel = void (*)(const LinearArgs& a, int64_t b0, int64_t b1);
 struct AttentionArgs {
   const float* q;               // [tokens, heads * head_dim], row stride q_stride
   int64_t q_stride;
-  const void* k;                // [slots + 1, kv_heads, head_dim] float or bf16
+  const void* k;                // [slots + 1, kv_heads, head_dim] of `kv`
   const void* v;
   const int64_t* rect;          // [rect rows, width], row stride rect_stride
   int64_t rect_stride;
@@ -45,7 +49,7 @@ struct AttentionArgs {
   int64_t num_slots;            // slots + 1 entries exist (the last is the sink)
   int64_t heads, kv_heads, head_dim;
   float scale;
-  bool bf16;                    // K/V stored as bfloat16 (else float32)
+  KvType kv;
 };
 
 struct RopeArgs {
@@ -58,7 +62,7 @@ struct RopeArgs {
   const int64_t* slots;         // [tokens]: where each token's K/V go
   int64_t num_slots;            // slots + 1
   int64_t heads, kv_heads, head_dim;
-  bool bf16;
+  KvType kv_type;
 };
 
 struct KernelTable {

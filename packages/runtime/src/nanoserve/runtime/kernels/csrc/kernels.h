@@ -122,9 +122,10 @@ LinearKernel linear_kernel(int64_t ggml) {
 
 // -- paged attention ---------------------------------------------------------------------
 
-template <bool BF16>
+template <KvType KV>
 inline F16 load_kv(const void* base, int64_t at) {
-  if constexpr (BF16) return f_load_bf16(static_cast<const uint16_t*>(base) + at);
+  if constexpr (KV == KvType::kBF16) return f_load_bf16(static_cast<const uint16_t*>(base) + at);
+  else if constexpr (KV == KvType::kF16) return f_load_f16(static_cast<const uint16_t*>(base) + at);
   else return f_load(static_cast<const float*>(base) + at);
 }
 
@@ -133,7 +134,7 @@ inline F16 load_kv(const void* base, int64_t at) {
 // else 0. K is converted once per block of 16 positions into `kbuf`, and the block's 16 scores
 // of a head are reduced together (f_hsum16: the same tree as f_hsum); each V row is read once
 // for up to 4 query heads. Scratch: group * (n + 16) scores, then 16 * head_dim for kbuf.
-template <int C, bool BF16>
+template <int C, KvType KV>
 bool attend(const AttentionArgs& a, int64_t token, int64_t kv_head, float* scratch) {
   const int64_t group = a.heads / a.kv_heads, dim = a.head_dim;
   const int64_t chunks = C ? C : dim / 16;
@@ -155,7 +156,7 @@ bool attend(const AttentionArgs& a, int64_t token, int64_t kv_head, float* scrat
   for (int64_t p0 = 0; p0 < padded; p0 += 16) {
     for (int64_t i = 0; i < 16; ++i) {
       const int64_t at = slots[p0 + i < n ? p0 + i : 0] * slot_stride + head_at;
-      for (int64_t c = 0; c < chunks; ++c) f_store(kbuf + i * dim + 16 * c, load_kv<BF16>(a.k, at + 16 * c));
+      for (int64_t c = 0; c < chunks; ++c) f_store(kbuf + i * dim + 16 * c, load_kv<KV>(a.k, at + 16 * c));
     }
     for (int64_t h = 0; h < group; ++h) {
       const float* q = q0 + h * dim;
@@ -201,7 +202,7 @@ bool attend(const AttentionArgs& a, int64_t token, int64_t kv_head, float* scrat
     for (int64_t p = 0; p < n; ++p) {
       const int64_t at = slots[p] * slot_stride + head_at;
       F16 v[C ? C : 16];
-      for (int64_t c = 0; c < chunks; ++c) v[c] = load_kv<BF16>(a.v, at + 16 * c);
+      for (int64_t c = 0; c < chunks; ++c) v[c] = load_kv<KV>(a.v, at + 16 * c);
       for (int64_t h = 0; h < heads; ++h) {
         const F16 weight = f_set1(scratch[(h0 + h) * padded + p]);
         for (int64_t c = 0; c < chunks; ++c) acc[h][c] = f_fma(weight, v[c], acc[h][c]);
@@ -214,23 +215,27 @@ bool attend(const AttentionArgs& a, int64_t token, int64_t kv_head, float* scrat
   return true;
 }
 
-template <int C, bool BF16>
+template <int C, KvType KV>
 bool attend_tasks(const AttentionArgs& a, int64_t t0, int64_t t1, float* scratch) {
   for (int64_t task = t0; task < t1; ++task)
-    if (!attend<C, BF16>(a, task / a.kv_heads, task % a.kv_heads, scratch)) return false;
+    if (!attend<C, KV>(a, task / a.kv_heads, task % a.kv_heads, scratch)) return false;
   return true;
 }
 
-bool attention(const AttentionArgs& a, int64_t t0, int64_t t1, float* scratch) {
+template <KvType KV>
+bool attention_of(const AttentionArgs& a, int64_t t0, int64_t t1, float* scratch) {
   const int64_t chunks = a.head_dim / 16;
-  if (a.bf16) {
-    if (chunks == 4) return attend_tasks<4, true>(a, t0, t1, scratch);
-    if (chunks == 8) return attend_tasks<8, true>(a, t0, t1, scratch);
-    return attend_tasks<0, true>(a, t0, t1, scratch);
+  if (chunks == 4) return attend_tasks<4, KV>(a, t0, t1, scratch);
+  if (chunks == 8) return attend_tasks<8, KV>(a, t0, t1, scratch);
+  return attend_tasks<0, KV>(a, t0, t1, scratch);
+}
+
+bool attention(const AttentionArgs& a, int64_t t0, int64_t t1, float* scratch) {
+  switch (a.kv) {
+    case KvType::kBF16: return attention_of<KvType::kBF16>(a, t0, t1, scratch);
+    case KvType::kF16: return attention_of<KvType::kF16>(a, t0, t1, scratch);
+    default: return attention_of<KvType::kF32>(a, t0, t1, scratch);
   }
-  if (chunks == 4) return attend_tasks<4, false>(a, t0, t1, scratch);
-  if (chunks == 8) return attend_tasks<8, false>(a, t0, t1, scratch);
-  return attend_tasks<0, false>(a, t0, t1, scratch);
 }
 
 // -- rotary, and the new K/V into the pool ------------------------------------------------
@@ -252,9 +257,10 @@ inline void rotate(float* x, const float* cos, const float* sin, int64_t dim) {
   }
 }
 
-inline void store_kv(void* base, int64_t at, const float* src, int64_t dim, bool bf16) {
+inline void store_kv(void* base, int64_t at, const float* src, int64_t dim, KvType kv) {
   for (int64_t c = 0; c < dim; c += 16) {
-    if (bf16) f_store_bf16(static_cast<uint16_t*>(base) + at + c, f_load(src + c));
+    if (kv == KvType::kBF16) f_store_bf16(static_cast<uint16_t*>(base) + at + c, f_load(src + c));
+    else if (kv == KvType::kF16) f_store_f16(static_cast<uint16_t*>(base) + at + c, f_load(src + c));
     else f_store(static_cast<float*>(base) + at + c, f_load(src + c));
   }
 }
@@ -270,8 +276,8 @@ bool rope_write_kv(const RopeArgs& a, int64_t t0, int64_t t1) {
     const float* sin = a.sin + a.positions[t] * dim;
     for (int64_t h = 0; h < a.heads + a.kv_heads; ++h) rotate(row + h * dim, cos, sin, dim);
     const float* k = row + a.heads * dim;
-    store_kv(a.kv, slot * kv_width, k, kv_width, a.bf16);
-    store_kv(a.kv, v_base + slot * kv_width, k + kv_width, kv_width, a.bf16);
+    store_kv(a.kv, slot * kv_width, k, kv_width, a.kv_type);
+    store_kv(a.kv, v_base + slot * kv_width, k + kv_width, kv_width, a.kv_type);
   }
   return true;
 }

@@ -62,13 +62,19 @@ void check_index(const at::Tensor& t, const char* name, int64_t length) {
               t.scalar_type());
 }
 
-// [2, slots + 1, kv_heads, head_dim] float32 or bfloat16.
+// [2, slots + 1, kv_heads, head_dim] float32, bfloat16 or float16.
 void check_pool(const at::Tensor& kv) {
+  const auto type = kv.scalar_type();
   TORCH_CHECK(kv.dim() == 4 && kv.size(0) == 2 && kv.is_contiguous() &&
-                  (kv.scalar_type() == at::kFloat || kv.scalar_type() == at::kBFloat16),
-              "the K/V pool must be a contiguous [2, slots + 1, kv_heads, head_dim] float32 or "
-              "bfloat16 tensor, got ", kv.sizes(), " ", kv.scalar_type());
+                  (type == at::kFloat || type == at::kBFloat16 || type == at::kHalf),
+              "the K/V pool must be a contiguous [2, slots + 1, kv_heads, head_dim] float32, "
+              "bfloat16 or float16 tensor, got ", kv.sizes(), " ", kv.scalar_type());
   TORCH_CHECK(kv.size(3) % 16 == 0, "head_dim ", kv.size(3), " is not a multiple of 16");
+}
+
+KvType kv_type(const at::Tensor& kv) {
+  if (kv.scalar_type() == at::kBFloat16) return KvType::kBF16;
+  return kv.scalar_type() == at::kHalf ? KvType::kF16 : KvType::kF32;
 }
 
 // -- linears -------------------------------------------------------------------------------
@@ -252,13 +258,12 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& kv, const at::
                 " names rectangle row ", rows ? rows[t] : 0, " of ", rect.size(0));
   }
   at::Tensor out = at::empty({tokens, heads * dim}, q.options());
-  const bool bf16 = kv.scalar_type() == at::kBFloat16;
-  const int64_t element = bf16 ? 2 : 4;
+  const int64_t element = kv.element_size();
   const char* base = static_cast<const char*>(kv.data_ptr());
   const AttentionArgs args{q.data_ptr<float>(), q.stride(0), base,
                            base + kv.size(1) * kv_heads * dim * element, rect.data_ptr<int64_t>(),
                            rect.stride(0), rows, lens, out.data_ptr<float>(), kv.size(1), heads,
-                           kv_heads, dim, static_cast<float>(scale), bf16};
+                           kv_heads, dim, static_cast<float>(scale), kv_type(kv)};
   const int64_t group = heads / kv_heads, width = rect.size(1);
   std::atomic<bool> ok{true};
   const KernelTable* t = table();
@@ -295,7 +300,7 @@ void rope_write_kv(const at::Tensor& qkv, const at::Tensor& positions, const at:
                 cos.size(0), "-position rotary table");
   const RopeArgs args{qkv.data_ptr<float>(), qkv.stride(0), pos, cos.data_ptr<float>(),
                       sin.data_ptr<float>(), kv.data_ptr(), slots.data_ptr<int64_t>(),
-                      kv.size(1), heads, kv_heads, dim, kv.scalar_type() == at::kBFloat16};
+                      kv.size(1), heads, kv_heads, dim, kv_type(kv)};
   std::atomic<bool> ok{true};
   const KernelTable* t = table();
   at::parallel_for(0, tokens, grain_for(qkv.size(1) * 4), [&](int64_t t0, int64_t t1) {

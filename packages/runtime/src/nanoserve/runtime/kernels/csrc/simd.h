@@ -33,6 +33,10 @@ inline F16 f_load_bf16(const uint16_t* p) {
 inline F16 f_load_f16(const uint16_t* p) {
   return {_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)))};
 }
+// IEEE half, round to nearest even (F16C's mode 0; the portable path rounds the same).
+inline void f_store_f16(uint16_t* p, F16 a) {
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtps_ph(a.v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+}
 // Round to nearest even, as torch's float -> bfloat16 does (NaN aside).
 inline void f_store_bf16(uint16_t* p, F16 a) {
   __m512i bits = _mm512_castps_si512(a.v);
@@ -164,6 +168,11 @@ inline F16 f_load_bf16(const uint16_t* p) { return {bf16x8(p), bf16x8(p + 8)}; }
 inline F16 f_load_f16(const uint16_t* p) {
   return {_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))),
           _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 8)))};
+}
+inline void f_store_f16(uint16_t* p, F16 a) {
+  constexpr int mode = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_cvtps_ph(a.lo, mode));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p + 8), _mm256_cvtps_ph(a.hi, mode));
 }
 inline void bf16x8_store(uint16_t* p, __m256 a) {
   __m256i bits = _mm256_castps_si256(a);
@@ -319,6 +328,22 @@ inline float half_to_float(uint16_t h) {
   return sign ? -value : value;
 }
 inline F16 f_load_f16(const uint16_t* p) { F16 r; NS_LANES(half_to_float(p[i])) return r; }
+// float -> IEEE half, round to nearest even, as F16C's vcvtps2ph does (NaNs quieted).
+inline uint16_t float_to_half(float f) {
+  const uint32_t x = float_to_bits(f), sign = (x >> 16) & 0x8000u, a = x & 0x7FFFFFFFu;
+  if (a > 0x7F800000u) return static_cast<uint16_t>(sign | 0x7E00u | ((a >> 13) & 0x3FFu));
+  if (a >= 0x477FF000u) return static_cast<uint16_t>(sign | 0x7C00u);  // 65520 and up: inf
+  if (a >= 0x38800000u) {  // a normal half: drop 13 bits, to nearest even
+    return static_cast<uint16_t>(sign | ((a + 0xFFFu + ((a >> 13) & 1u) - 0x38000000u) >> 13));
+  }
+  if (a < 0x33000000u) return static_cast<uint16_t>(sign);  // below half the least subnormal
+  const uint32_t m = (a & 0x7FFFFFu) | 0x800000u, shift = 126u - (a >> 23);  // 14..24
+  uint32_t q = m >> shift;
+  const uint32_t rest = m & ((1u << shift) - 1u), half = 1u << (shift - 1u);
+  if (rest > half || (rest == half && (q & 1u))) ++q;
+  return static_cast<uint16_t>(sign | q);
+}
+inline void f_store_f16(uint16_t* p, F16 a) { for (int i = 0; i < 16; ++i) p[i] = float_to_half(a.v[i]); }
 inline void f_store_bf16(uint16_t* p, F16 a) {
   for (int i = 0; i < 16; ++i) {
     const uint32_t bits = float_to_bits(a.v[i]);
