@@ -1,9 +1,10 @@
 """Where a decode step's time goes: operators against the host (Python, scheduling, planning).
 
-    python -m benchmarks.step_profile [--rows 1,8,32] [--quantize q4] [--steps 40]
+    python -m benchmarks.step_profile [--rows 1,8,32] [--quantize gguf] [--steps 40]
+                                      [--model qwen2.5-coder-0.5b]
 
-For each batch size, a steady decode of that many 64-token-prompt requests on the embedded
-model, then:
+For each batch size, a steady decode of that many 64-token-prompt requests on a model of the
+set (benchmarks/models.py; default the embedded one), then:
 
 - step_ms: the median wall time of `Engine.step()` (no profiler);
 - ops_ms: per step, the summed self time of every operator torch.profiler saw (nanoserve's
@@ -25,11 +26,11 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from benchmarks.common import cpu_line, pin_threads, table, write_csv
+from benchmarks.models import model_set
 from nanoserve.runtime.engine.engine import Engine
 from nanoserve.runtime.engine.sampling_params import SamplingParams
 from nanoserve.runtime.engine_config import EngineConfig
 from nanoserve.runtime.loading.checkpoint import load_checkpoint
-from nanoserve.runtime.loading.embedded import embedded_model_path
 from nanoserve.runtime.model.llama import LlamaModel
 
 
@@ -44,8 +45,9 @@ def steady_engine(model: LlamaModel, checkpoint, rows: int) -> Engine:
             quantize=model.quantize,
         ),
     )
+    vocab = model.config.vocab_size
     for i in range(rows):
-        prompt = [(i * 131 + j * 7) % 48000 + 17 for j in range(64)]
+        prompt = [(i * 131 + j * 7) % (vocab - 1200) + 17 for j in range(64)]
         engine.add_request(
             str(i), prompt, SamplingParams(max_tokens=900, temperature=0, ignore_eos=True)
         )
@@ -61,13 +63,15 @@ def steady_engine(model: LlamaModel, checkpoint, rows: int) -> Engine:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rows", default="1,8,32")
-    parser.add_argument("--quantize", default="q4")
+    parser.add_argument("--quantize", default="gguf")
+    parser.add_argument("--model", default="smollm2-135m", help="a name of the model set")
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--steps", type=int, default=40)
     args = parser.parse_args()
     threads = pin_threads()
     print(cpu_line())
-    checkpoint = load_checkpoint(embedded_model_path())
+    (bench,) = model_set(only=args.model)
+    checkpoint = load_checkpoint(bench.path)
     quantize = None if args.quantize == "none" else args.quantize
     model = LlamaModel.from_checkpoint(
         checkpoint, dtype=getattr(torch, args.dtype), quantize=quantize, max_positions=1024
@@ -103,7 +107,10 @@ def main() -> None:
         )
         for name, ms in by_op.most_common(6):
             top_out.append({"rows": rows, "op": name, "ms_per_step": ms, "calls": calls[name]})
-    title = f"decode step, {args.dtype}+{args.quantize}, {threads} threads, median of {args.steps}"
+    title = (
+        f"decode step, {bench.name}, {args.dtype}+{args.quantize}, {threads} threads,"
+        f" median of {args.steps}"
+    )
     print(table(rows_out, title))
     print()
     print(table(top_out, "top operators per step"))

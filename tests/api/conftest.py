@@ -259,6 +259,14 @@ _TINY_CHAT_TEMPLATE = (
 
 
 @pytest.fixture(scope="session")
+def tiny_mixed_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny GGUF of every weight type, mixed within layers (tests/tiny_models.py)."""
+    from tests import tiny_models
+
+    return tiny_models.write_mixed_gguf(tmp_path_factory.mktemp("mixed"))
+
+
+@pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A random-weight Llama (hidden 64, 2 layers) with a 320-token byte-level BPE."""
     import transformers

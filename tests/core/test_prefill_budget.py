@@ -19,20 +19,23 @@ def test_tokens_keep_a_mixed_step_within_the_ratio() -> None:
 
 
 def test_a_backlog_is_worked_off_within_the_burst_bound() -> None:
-    # 32 rows at most: the widest decode step is 74 ms, a step at most 3x that, 222 ms.
+    # decode: 10 ms + 2 ms a row, up to 32 rows; a step at most 3x the decode step to come.
     budget = PrefillBudget(
         max_tokens=512, base_s=0.010, per_row_s=0.002, per_token_s=0.001, max_rows=32
     )
-    assert budget.burst_tokens(0) == 222 and budget.burst_tokens(2) == 208  # 222 - 14 ms
     assert budget.tokens(2) == 16  # steady: 0.5 * 14 ms = 7, raised to min_tokens
-    assert budget.tokens(2, waiting=100) == 100  # a backlog, in one step (horizon 1)
-    assert budget.tokens(2, waiting=2000) == 208  # but no step past 3 widest decode steps
-    assert budget.tokens(0, waiting=2000) == 222  # nothing decodes: the length bound alone
-    assert budget.tokens(32, waiting=2000) == 148  # 222 - 74 ms
+    assert budget.tokens(2, waiting=100, joining=2) == 40  # 4 rows to come: 3 * 18 - 14 ms
+    assert budget.burst_tokens(2, joining=30) == 208  # 32 rows to come: 3 * 74 - 14 ms
+    assert budget.tokens(2, waiting=30, joining=1) == 30  # a small backlog, in one step
+    assert budget.tokens(2, waiting=2000, joining=30) == 208  # 3 * 74 ms - 14 ms, no more
+    assert budget.tokens(2, waiting=2000, joining=100) == 208  # the row limit caps "to come"
+    assert budget.tokens(0, waiting=512, joining=8) == 512  # nothing decodes, all fits: at once
+    assert budget.tokens(0, waiting=2000, joining=31) == 216  # too many: 3 * 72 ms
+    assert budget.tokens(32, waiting=2000, joining=10) == 148  # 222 - 74 ms
     slow = PrefillBudget(
         max_tokens=512, base_s=0.010, per_row_s=0.002, per_token_s=0.001, max_rows=32, horizon=4
     )
-    assert slow.tokens(2, waiting=400) == 100  # a quarter a step
+    assert slow.tokens(2, waiting=400, joining=30) == 100  # a quarter a step
 
 
 def test_a_fixed_count() -> None:
@@ -93,7 +96,7 @@ def test_bounds_hold_for_any_costs(
     # a wider decode step allows as many prompt tokens, unless the step's room runs out
     assert budget.tokens(rows + 1) >= min(tokens, max(0, max_tokens - rows - 1))
     # a backlog never takes a step past the burst bound, nor the steady rule away
-    backlog = budget.tokens(rows, waiting=100_000)
+    backlog = budget.tokens(rows, waiting=100_000, joining=256)
     widest = budget.burst * budget.decode_step_s(256)
     assert tokens <= backlog
     if backlog > max(tokens, budget.min_tokens):

@@ -7,17 +7,21 @@ stream's next token comes ten steps late. With a decode step of `rows` rows cost
 
 - steady: the step stays within `ratio` of the decode step alone,
       ratio_tokens(rows) = (ratio - 1) * decode(rows) / per_token;
-- backlog: prompts waiting (`waiting` tokens, a burst of arrivals) are worked off within
-  `horizon` steps, but no step grows past `burst` times the widest decode step (`max_rows`),
-      burst_tokens(rows) = (burst * decode(max_rows) - decode(rows)) / per_token.
+- backlog: prompts waiting (`waiting` tokens of `joining` sequences, a burst of arrivals) are
+  worked off within `horizon` steps, but no step grows past `burst` times the decode step of
+  every sequence then running (at most `max_rows`),
+      burst_tokens(rows) = (burst * decode(min(rows + joining, max_rows)) - decode(rows))
+                           / per_token.
 
 A step carries max(ratio_tokens, min(waiting / horizon, burst_tokens)) prompt tokens, at least
 `min_tokens` (prompts always advance), at most what the step's token budget leaves. The steady
 rule alone cannot keep up with a burst: it gives prompts a third of the machine at ratio 1.5,
-and 32 arrivals at once would wait for tens of seconds. With no sequence decoding, the step is
-bounded by the burst rule alone: its prompts start decoding the sooner (32 prompts in chunks of
-~3 reach their first tokens ~1.4 s sooner on average than in chunks of 8), and their sequences
-then finish, and their clients' next requests arrive, spread out rather than all at once.
+and 32 arrivals at once would wait for tens of seconds. With no sequence decoding, a step takes
+every waiting prompt if they fit the step budget (none of them is then held up by the rest
+later), and else is bounded by the burst rule: its prompts start decoding the sooner (32 prompts
+in chunks of ~3 reach their first tokens ~1.4 s sooner on average than in chunks of 8), and
+their sequences then finish, and their clients' next requests arrive, spread out rather than
+all at once.
 The costs are measured at boot (runtime's engine/prefill_timing.py), or the budget is a fixed
 count (`fixed`).
 """
@@ -43,7 +47,7 @@ class PrefillBudget:
     ratio: float = 1.5  # steady: a mixed step within this multiple of the decode step alone
     min_tokens: int = 16
     max_rows: int = 1  # the widest decode step (the scheduler's row limit)
-    burst: float = 3.0  # no step past this multiple of the widest decode step
+    burst: float = 3.0  # backlog: no step past this multiple of the decode step to come
     horizon: int = 1  # backlog: steps to work a burst off in
 
     def __post_init__(self) -> None:
@@ -84,21 +88,26 @@ class PrefillBudget:
     def ratio_tokens(self, rows: int) -> int:
         return _whole((self.ratio - 1) * self.decode_step_s(rows) / self.per_token_s)
 
-    def burst_tokens(self, rows: int) -> int:
-        widest = self.burst * self.decode_step_s(max(rows, self.max_rows))
+    def burst_tokens(self, rows: int, joining: int = 0) -> int:
+        """Prompt tokens in a step of `rows` decoding rows that keep it within `burst` times the
+        decode step of every sequence then running (`joining` more, at most `max_rows`)."""
+        after = min(self.max_rows, max(rows + joining, 1))
+        widest = self.burst * self.decode_step_s(after)
         return max(
             0, _whole((widest - (self.decode_step_s(rows) if rows else 0.0)) / self.per_token_s)
         )
 
-    def tokens(self, decode_rows: int, waiting: int = 0) -> int:
+    def tokens(self, decode_rows: int, waiting: int = 0, joining: int = 0) -> int:
         """Prompt tokens a step with `decode_rows` decoding rows may carry, with `waiting`
-        prompt tokens not yet computed (queued, or the rest of chunked prompts)."""
+        prompt tokens not yet computed, of `joining` sequences (queued, or chunked prompts)."""
         room = self.max_tokens - decode_rows
         if self.per_token_s == 0.0:  # a fixed count
             return room if decode_rows == 0 else max(0, min(room, self.min_tokens))
-        cap = self.burst_tokens(decode_rows)
-        if decode_rows == 0:  # nothing waits on this step: only its length is bounded
-            return max(0, min(room, max(self.min_tokens, cap)))
+        cap = self.burst_tokens(decode_rows, joining)
+        if decode_rows == 0:
+            # Nothing waits on this step. If every waiting prompt fits, all of them at once:
+            # no decoding stream is held up by this burst later. Else the burst rule.
+            return room if waiting <= room else max(0, min(room, max(self.min_tokens, cap)))
         allowed = max(self.min_tokens, self.ratio_tokens(decode_rows))
         allowed = max(allowed, min(math.ceil(waiting / self.horizon), cap))
         return max(0, min(room, allowed))

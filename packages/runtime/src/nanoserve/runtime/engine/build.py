@@ -97,7 +97,8 @@ def build_engine(
             f" {budget.per_token_s * 1e3:.2f} ms; while sequences decode a step carries"
             f" {budget.tokens(1)} prompt tokens at 1 row, {budget.tokens(config.max_batch)} at"
             f" {config.max_batch} (within {budget.ratio}x of the decode step), and a backlog up"
-            f" to {budget.burst_tokens(1)} (steps within {budget.burst}x the widest decode step)"
+            f" to {budget.burst_tokens(1, config.max_batch)} (steps within {budget.burst}x the"
+            " decode step to come)"
         )
     say(
         f"planned K/V pool: {engine.pool_plan.num_blocks} blocks of {config.block_size}"

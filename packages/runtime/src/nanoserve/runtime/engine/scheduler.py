@@ -92,9 +92,10 @@ class Scheduler:
         decoding = sum(1 for seq in self.running if seq.uncomputed == 1)
         prompt_budget = budget - decoding
         if self.prefill_budget is not None:
-            backlog = sum(s.uncomputed for s in self.running if s.uncomputed > 1)
-            backlog += sum(s.uncomputed for s in self.waiting)
-            prompt_budget = min(prompt_budget, self.prefill_budget.tokens(decoding, backlog))
+            prompts = [s for s in self.running if s.uncomputed > 1] + list(self.waiting)
+            backlog = sum(s.uncomputed for s in prompts)
+            tokens = self.prefill_budget.tokens(decoding, backlog, len(prompts))
+            prompt_budget = min(prompt_budget, tokens)
         scheduled: list[ScheduledSeq] = []
         preempted: list[int] = []
         index = 0

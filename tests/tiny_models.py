@@ -1,0 +1,327 @@
+"""Tiny models written by the tests themselves: random-weight Hugging Face checkpoints, the GGUF
+files llama.cpp's converter would make of them, and GGUF files of random but valid blocks of any
+type. Shared by the runtime and api suites (their conftests hand these out as fixtures).
+
+Tiny models are real Hugging Face checkpoints, written by transformers' own `save_pretrained`:
+hidden 64, 2 layers, 4 heads, 2 KV heads, and a 320-token byte-level BPE trained here.
+`write_tiny_gguf` turns one into a GGUF the way llama.cpp's converter does (names, reversed
+shapes, Q/K row permutation, quantization); `write_mixed_gguf` writes one of every weight type.
+Heavy packages (transformers, gguf) are imported where used: the GPU machine has no gguf.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+if TYPE_CHECKING:
+    from gguf import GGMLQuantizationType
+
+TINY_SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+TINY_VOCAB_SIZE = 320  # 256 byte tokens + 3 special + 61 merges
+TINY_CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{% if loop.first and messages[0]['role'] != 'system' %}"
+    "{{ '<|im_start|>system\nYou are tiny.<|im_end|>\n' }}{% endif %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+_TINY_CORPUS = [
+    "hello world, the quick brown fox jumps over the lazy dog",
+    "def main():\n    return 42\n",
+    "héllo wörld 你好 🤗 naïve café",
+    "<|im_start|>user\nwhat is 2 + 2?<|im_end|>\n",
+]
+_TINY_GEOMETRY: dict[str, Any] = {
+    "vocab_size": TINY_VOCAB_SIZE,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 256,
+    "rms_norm_eps": 1e-5,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+}
+# Hugging Face name pieces -> llama.cpp's, the reverse of what gguf_file.py maps.
+_TO_GGUF = {
+    "self_attn.q_proj": "attn_q",
+    "self_attn.k_proj": "attn_k",
+    "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output",
+    "mlp.gate_proj": "ffn_gate",
+    "mlp.up_proj": "ffn_up",
+    "mlp.down_proj": "ffn_down",
+    "input_layernorm": "attn_norm",
+    "post_attention_layernorm": "ffn_norm",
+}
+
+
+def _make_tiny_tokenizer() -> Tokenizer:
+    """A 320-token byte-level BPE shaped like SmolLM2's: specials at ids 0-2, digits split."""
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Digits(individual_digits=True),
+            pre_tokenizers.ByteLevel(add_prefix_space=False),
+        ]
+    )
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=TINY_VOCAB_SIZE,
+        special_tokens=list(TINY_SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(_TINY_CORPUS * 3, trainer)  # deterministic for a fixed corpus
+    return tokenizer
+
+
+def make_tiny_model_dir(
+    tmp_path: Path, arch: str = "llama", tie: bool = True, seed: int = 0, **overrides: Any
+) -> Path:
+    """Write a random-weight Hugging Face checkpoint (+ tokenizer files) into `tmp_path/<arch>`.
+
+    `overrides` go to the transformers config (`num_key_value_heads=4`, `rope_scaling={...}`).
+    Every parameter, norms included, is drawn from N(0, 0.5²), so a swapped tensor is visible.
+    """
+    import transformers  # heavy: imported only by the tests that need it
+
+    config_cls, model_cls = {
+        "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
+        "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
+        "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM),
+    }[arch]
+    config = config_cls(**{**_TINY_GEOMETRY, "tie_word_embeddings": tie, **overrides})
+    model = model_cls(config)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for param in model.parameters():
+            param.copy_(torch.randn(param.shape, generator=generator) * 0.5)
+    out = tmp_path / f"{arch}-{'tied' if tie else 'untied'}-{seed}"
+    model.save_pretrained(out)
+    _make_tiny_tokenizer().save(str(out / "tokenizer.json"))
+    tokenizer_config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": "<|im_start|>",
+        "eos_token": "<|im_end|>",
+        "chat_template": TINY_CHAT_TEMPLATE,
+    }
+    (out / "tokenizer_config.json").write_text(json.dumps(tokenizer_config))
+    return out
+
+
+def hf_state_dict(model_dir: Path) -> dict[str, torch.Tensor]:
+    """The weights as transformers loads them from `model_dir` (tied lm_head dropped)."""
+    import transformers
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(model_dir)
+    state = model.state_dict()
+    if model.config.tie_word_embeddings:
+        del state["lm_head.weight"]
+    return state
+
+
+def llamacpp_permute(weight: np.ndarray, num_heads: int) -> np.ndarray:
+    """llama.cpp's convert_hf_to_gguf.py `LlamaModel.permute`, applied to Llama's Q and K rows."""
+    rows = weight.shape[0]
+    return (
+        weight.reshape(num_heads, 2, rows // num_heads // 2, *weight.shape[1:])
+        .swapaxes(1, 2)
+        .reshape(weight.shape)
+    )
+
+
+def write_tiny_gguf(
+    model_dir: Path,
+    out: Path,
+    *,
+    qtype: GGMLQuantizationType | None = None,
+    raw_tensors: Mapping[str, tuple[np.ndarray, GGMLQuantizationType]] | None = None,
+    arch: str | None = None,
+    pre: str = "smollm",
+) -> Path:
+    """Convert a tiny HF checkpoint to GGUF as llama.cpp would; matrices stored as `qtype`
+    (None: F32).
+
+    `raw_tensors` replaces tensors (by GGUF name) with pre-encoded bytes of any type, to build
+    files llama.cpp could write but nanoserve must refuse. `arch` overrides the written architecture.
+    """
+    import gguf  # only GGUF-writing tests need it; the GPU machine's runtime tests do not
+    from safetensors.torch import load_file
+
+    if qtype is None:
+        qtype = gguf.GGMLQuantizationType.F32
+
+    config = json.loads((model_dir / "config.json").read_text())
+    tok = json.loads((model_dir / "tokenizer.json").read_text())
+    arch_name = arch or config["model_type"]
+    heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
+    writer = gguf.GGUFWriter(str(out), arch_name)
+    writer.add_block_count(config["num_hidden_layers"])
+    writer.add_context_length(config["max_position_embeddings"])
+    writer.add_embedding_length(config["hidden_size"])
+    writer.add_feed_forward_length(config["intermediate_size"])
+    writer.add_head_count(heads)
+    writer.add_head_count_kv(kv_heads)
+    writer.add_rope_freq_base(config["rope_parameters"]["rope_theta"])
+    writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
+    writer.add_rope_dimension_count(config["hidden_size"] // heads)
+    writer.add_vocab_size(config["vocab_size"])
+    # The tokenizer, as llama.cpp stores a byte-level BPE.
+    vocab = {**tok["model"]["vocab"], **{t["content"]: t["id"] for t in tok["added_tokens"]}}
+    tokens = sorted(vocab, key=vocab.__getitem__)
+    special = {t["content"] for t in tok["added_tokens"] if t["special"]}
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre(pre)
+    writer.add_token_list(tokens)
+    writer.add_token_types([3 if t in special else 1 for t in tokens])
+    writer.add_token_merges(
+        [" ".join(m) if isinstance(m, list) else m for m in tok["model"]["merges"]]
+    )
+    writer.add_bos_token_id(config["bos_token_id"])
+    writer.add_eos_token_id(config["eos_token_id"])
+    writer.add_add_bos_token(False)
+    writer.add_chat_template(TINY_CHAT_TEMPLATE)
+
+    raw_tensors = dict(raw_tensors or {})
+    for name, tensor in load_file(model_dir / "model.safetensors").items():
+        values = tensor.float().numpy()
+        if arch_name == "llama" and ".q_proj." in name:
+            values = llamacpp_permute(values, heads)
+        elif arch_name == "llama" and ".k_proj." in name:
+            values = llamacpp_permute(values, kv_heads)
+        gguf_name = _gguf_name(name)
+        if gguf_name in raw_tensors:
+            data, raw_type = raw_tensors.pop(gguf_name)
+            writer.add_tensor(gguf_name, data, raw_dtype=raw_type)
+        # norms and biases stay F32
+        elif values.ndim == 1 or qtype == gguf.GGMLQuantizationType.F32:
+            writer.add_tensor(gguf_name, values)
+        else:
+            writer.add_tensor(gguf_name, gguf.quants.quantize(values, qtype), raw_dtype=qtype)
+    for gguf_name, (data, raw_type) in raw_tensors.items():  # extra tensors
+        writer.add_tensor(gguf_name, data, raw_dtype=raw_type)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return out
+
+
+# The fp16 fields of each block type (byte offsets in a block): scales that must be finite.
+_FP16_FIELDS: dict[str, tuple[int, ...]] = {
+    "Q4_0": (0,),
+    "Q4_1": (0, 2),
+    "Q5_0": (0,),
+    "Q5_1": (0, 2),
+    "Q8_0": (0,),
+    "Q2_K": (80, 82),
+    "Q3_K": (108,),
+    "Q4_K": (0, 2),
+    "Q5_K": (0, 2),
+    "Q6_K": (208,),
+    "IQ4_NL": (0,),
+    "IQ4_XS": (0,),
+}
+
+
+def random_blocks(kind: str, rows: int, cols: int, seed: int, scale: float = 0.01) -> np.ndarray:
+    """A [rows, cols] tensor as valid GGUF bytes of type `kind` ([rows, bytes per row] uint8):
+    random bytes, every fp16 scale finite (N(0, scale^2)). The `gguf` package dequantizes every
+    such block but quantizes only a few types, so kernels are tested on blocks like these."""
+    import gguf
+
+    rng = np.random.default_rng(seed)
+    if kind in ("F32", "F16", "BF16"):
+        values = (rng.standard_normal((rows, cols)) * scale * 4).astype(np.float32)
+        if kind == "F16":
+            return values.astype(np.float16).view(np.uint8)
+        if kind == "BF16":
+            return (values.view(np.uint32) >> 16).astype(np.uint16).view(np.uint8)
+        return values.view(np.uint8)
+    block, nbytes = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[kind]]
+    blocks = rng.integers(0, 256, (rows, cols // block, nbytes), dtype=np.uint8)
+    for at in _FP16_FIELDS[kind]:
+        halves = (rng.standard_normal(blocks.shape[:2]) * scale).astype(np.float16)
+        blocks[..., at : at + 2] = halves[..., None].view(np.uint8)
+    return blocks.reshape(rows, -1)
+
+
+def _gguf_name(hf_name: str) -> str:
+    if hf_name == "model.embed_tokens.weight":
+        return "token_embd.weight"
+    if hf_name == "model.norm.weight":
+        return "output_norm.weight"
+    if hf_name == "lm_head.weight":
+        return "output.weight"
+    _, _, layer, rest = hf_name.split(".", 3)
+    part, kind = rest.rsplit(".", 1)
+    return f"blk.{layer}.{_TO_GGUF[part]}.{kind}"
+
+
+# -- a tiny GGUF of every weight type, the way a Q4_K_M file mixes them ------------------------------
+
+# Hidden 256 and intermediate 512 so that 256-input K blocks fit every linear; each layer mixes
+# types as llama.cpp's K-quant mixes do, one tensor is F16 (served re-quantized: a fallback),
+# and the embedding (Q6_K) is untied from the output projection (Q5_0).
+MIXED_GEOMETRY: dict[str, Any] = {
+    "hidden_size": 256,
+    "intermediate_size": 512,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+}
+MIXED_TYPES: dict[str, str] = {
+    "token_embd.weight": "Q6_K",
+    "output.weight": "Q5_0",
+    "blk.0.attn_q.weight": "Q4_K",
+    "blk.0.attn_k.weight": "Q6_K",
+    "blk.0.attn_v.weight": "Q8_0",
+    "blk.0.attn_output.weight": "Q5_K",
+    "blk.0.ffn_gate.weight": "Q5_0",
+    "blk.0.ffn_up.weight": "Q4_0",
+    "blk.0.ffn_down.weight": "Q3_K",
+    "blk.1.attn_q.weight": "Q5_1",
+    "blk.1.attn_k.weight": "Q4_1",
+    "blk.1.attn_v.weight": "Q2_K",
+    "blk.1.attn_output.weight": "F16",
+    "blk.1.ffn_gate.weight": "Q4_K",
+    "blk.1.ffn_up.weight": "Q8_0",
+    "blk.1.ffn_down.weight": "Q6_K",
+}
+
+
+def write_mixed_gguf(tmp_path: Path) -> Path:
+    """The tiny Llama's shape at hidden 256, every matrix random valid blocks of its type."""
+    import gguf
+
+    model_dir = make_tiny_model_dir(tmp_path, tie=False, **MIXED_GEOMETRY)
+    shapes = {"token_embd.weight": (TINY_VOCAB_SIZE, 256), "output.weight": (TINY_VOCAB_SIZE, 256)}
+    for layer in range(2):
+        shapes |= {
+            f"blk.{layer}.attn_q.weight": (256, 256),
+            f"blk.{layer}.attn_k.weight": (128, 256),
+            f"blk.{layer}.attn_v.weight": (128, 256),
+            f"blk.{layer}.attn_output.weight": (256, 256),
+            f"blk.{layer}.ffn_gate.weight": (512, 256),
+            f"blk.{layer}.ffn_up.weight": (512, 256),
+            f"blk.{layer}.ffn_down.weight": (256, 512),
+        }
+    raw = {}
+    for i, (name, kind) in enumerate(MIXED_TYPES.items()):
+        rows, cols = shapes[name]
+        # K sub-scales multiply d by up to 127: smaller superblock scales keep weights O(1).
+        scale = 0.0005 if kind.endswith("_K") else 0.02
+        raw[name] = (
+            random_blocks(kind, rows, cols, seed=i, scale=scale),
+            gguf.GGMLQuantizationType[kind],
+        )
+    return write_tiny_gguf(model_dir, tmp_path / "mixed.gguf", raw_tensors=raw)
