@@ -32,7 +32,7 @@ from typing import Any
 import torch
 
 from benchmarks.common import cpu_line, median_seconds, pin_threads, table, write_csv
-from benchmarks.models import BenchModel, model_set
+from benchmarks.models import BenchModel, served_models
 from benchmarks.peer import Peer, find_peer, llama_bench, teacher_forced_top1
 from nanoserve.core import BlockTable, PrefillChunk, plan_kv_pool, plan_prefill
 from nanoserve.runtime.engine.engine import Engine
@@ -301,10 +301,7 @@ def main() -> None:
     args = parser.parse_args()
     threads = pin_threads()
     print(cpu_line())
-    for bench in model_set(only=args.models):
-        if not bench.served:
-            print(f"{bench.name}: skipped ({bench.note})")
-            continue
+    for bench in served_models(args.models):
         rows, accuracy_rows = bench_model(bench, args, threads)
         title = f"forward: {bench.name}, {threads} threads, median of {args.repeats}"
         print(table(rows, title))

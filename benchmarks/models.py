@@ -124,6 +124,17 @@ def model_set(folder: Path | None = None, only: str | None = None) -> list[Bench
     return models
 
 
+def served_models(only: str | None = None) -> list[BenchModel]:
+    """The set's models nanoserve opens; each it skips is said in a line."""
+    models = []
+    for model in model_set(only=only):
+        if model.served:
+            models.append(model)
+        else:
+            print(f"{model.name}: skipped ({model.note})")
+    return models
+
+
 def unsupported_reason(path: Path) -> str:
     """Why nanoserve cannot open the file, in a line, or ""."""
     from nanoserve.runtime.errors import CheckpointError

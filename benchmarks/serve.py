@@ -187,15 +187,12 @@ METRICS = ("output_tok_s", "ttft_p50_s", "itl_p50_ms", "itl_p99_ms")
 
 def side_by_side(args: argparse.Namespace, extra: list[str]) -> None:
     from benchmarks.common import cpu_line, pin_threads
-    from benchmarks.models import model_set
+    from benchmarks.models import served_models
     from benchmarks.peer import find_peer
 
     threads = pin_threads()
     print(cpu_line())
-    for bench in model_set(only=args.models):
-        if not bench.served:
-            print(f"{bench.name}: skipped ({bench.note})")
-            continue
+    for bench in served_models(args.models):
         peer = find_peer(bench.path)
         if peer is None:
             return

@@ -30,7 +30,14 @@ import torch
 from nanoserve.runtime.errors import KernelBuildError
 
 CSRC = Path(__file__).with_name("csrc")
-SOURCES = ("library.cpp", "weight_types.cpp", "isa_avx512.cpp", "isa_avx2.cpp", "isa_portable.cpp")
+SOURCES = (
+    "library.cpp",
+    "weight_ops.cpp",
+    "weight_types.cpp",
+    "isa_avx512.cpp",
+    "isa_avx2.cpp",
+    "isa_portable.cpp",
+)
 LIBRARY = "nanoserve_cpu_kernels.so"
 ISAS = ("portable", "avx2", "avx512-vnni")  # the kernel paths, worst to best
 # -ffp-contract=off: no a * b + c fused behind our back, so every ISA rounds the same way.

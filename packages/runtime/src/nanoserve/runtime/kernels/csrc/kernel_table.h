@@ -2,7 +2,8 @@
 //
 // Plain pointers and sizes, no torch types: the ISA files (isa_*.cpp) compile without torch's
 // headers, so nothing of torch is ever built with AVX-512 code that an AVX2 machine could
-// reach. library.cpp checks tensors, splits work between threads and calls one table.
+// reach. library.cpp and weight_ops.cpp check tensors, split work between threads and call one
+// table.
 #pragma once
 
 #include <cstdint>
