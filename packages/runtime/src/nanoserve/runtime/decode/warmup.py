@@ -202,14 +202,13 @@ def record_shape(
 def make_resident(
     graphs: DecodeGraphs, pool: KVPool, first: Shape | None = None, clock: Clock = time.perf_counter
 ) -> float:
-    """Allocate every layer's K/V pool now (the first write would), and run one unrecorded
+    """Allocate every layer's K/V pool now and touch its pages, and run one unrecorded
     step of `first` under the capture guard, so that the first probe times a recording rather
     than first-call costs: the pool's allocation (~2 s for 1 GiB here), the allocator's and
     the BLAS library's first touches, the guard's own set-up (together ~1.4 s of a 1.6 s
     first probe here, against 0.2 s for the same shape after). Returns seconds."""
     started = clock()
-    for layer in range(pool.plan.num_layers):
-        pool.layer(layer)
+    pool.touch()
     if first is not None:
         batch = warm_batch(graphs, pool, first)
         with torch.inference_mode(), graphs.guard():

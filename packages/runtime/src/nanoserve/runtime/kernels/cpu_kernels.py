@@ -2,7 +2,7 @@
 
 The sources (`csrc/`) are compiled with the machine's C++ compiler into a cache folder keyed by
 their text, the compiler, the flags and torch's version, so a later boot only loads the library
-(`make install` builds it ahead; a first build takes ~15 s on 2 cores). One library serves any
+(`make install` builds it ahead; a first build takes ~50 s on 2 cores). One library serves any
 x86 CPU: each ISA's kernels are compiled in a file of their own (`isa_avx512.cpp`,
 `isa_avx2.cpp`, `isa_portable.cpp`) and the library picks the best the CPU runs when it loads,
 as llama.cpp does. The ops are `torch.ops.nanoserve.*`.

@@ -37,8 +37,9 @@ class KVPool:
     K and V share a tensor so a layer's write is one indexed copy; slots come first so a
     gather copies whole [kv_heads, head_dim] rows. The last entry is the sink slot:
     padded rows write there and no block table names it. A layer's storage appears on its
-    first write (`_ensure_pool`), so a warm-up's throwaway writes make the pool resident before
-    the first request.
+    first write (`_ensure_pool`); on a CPU its pages are the OS's zeroed ones, resident as slots
+    are written, so a pool costs memory as it is used, unless the warm-up touches it all
+    (`touch`) to have nothing paged in front of a client.
     """
 
     def __init__(self, plan: KVPoolPlan, device: torch.device | str = "cpu") -> None:
@@ -71,6 +72,15 @@ class KVPool:
     ) -> None:
         pool = self._ensure_pool(layer)
         pool.index_copy_(1, slots, torch.stack((k, v)).to(pool.dtype))
+
+    def touch(self) -> None:
+        """Every layer's storage allocated and each of its pages written (resident), values
+        unchanged (x * 1 is x, signed zeros included), as the warm-up wants them before the
+        first request: the OS hands an anonymous map's pages out on first touch, so otherwise
+        only slots ever written become resident."""
+        with torch.inference_mode():  # the pool may already be an inference tensor
+            for layer in range(self.plan.num_layers):
+                self._ensure_pool(layer).mul_(1)
 
     def storage(self, layer: int) -> torch.Tensor:
         """A layer's whole K/V tensor, [2, num_slots + 1, kv_heads, head_dim]: what a kernel
