@@ -31,6 +31,7 @@ def test_a_backlog_is_worked_off_within_the_burst_bound() -> None:
     assert budget.tokens(2, waiting=2000, joining=100) == 208  # the row limit caps "to come"
     assert budget.tokens(0, waiting=512, joining=8) == 512  # nothing decodes, all fits: at once
     assert budget.tokens(0, waiting=2000, joining=31) == 216  # too many: 3 * 72 ms
+    assert budget.tokens(0, waiting=2000, joining=1) == 512  # one long prompt alone: all of it
     assert budget.tokens(32, waiting=2000, joining=10) == 148  # 222 - 74 ms
     slow = PrefillBudget(
         max_tokens=512, base_s=0.010, per_row_s=0.002, per_token_s=0.001, max_rows=32, horizon=4

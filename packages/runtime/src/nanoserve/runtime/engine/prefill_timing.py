@@ -9,6 +9,7 @@ step is priced a little low, and the budget errs towards shorter chunks.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 
@@ -45,7 +46,7 @@ def measure_prefill_budget(
     one_row_s = _fastest(forward(padding_decode(1, sink, model.device)))
     rows_s = _fastest(forward(padding_decode(rows, sink, model.device)))
     tokens_s = _fastest(forward(padding_prefill(chunk, sink, model.device)))
-    return PrefillBudget.from_timings(
+    timed = PrefillBudget.from_timings(
         max_tokens=max_tokens,
         one_row_s=one_row_s,
         rows=rows,
@@ -54,6 +55,7 @@ def measure_prefill_budget(
         tokens_s=tokens_s,
         min_tokens=block_size,
     )
+    return dataclasses.replace(timed, max_rows=max_batch)  # rows was at least 2, to fit a line
 
 
 def _fastest(run: Callable[[], object]) -> float:
@@ -107,6 +109,11 @@ def resolve_prefill_budget(model: LlamaModel, config: EngineConfig) -> PrefillBu
     if budget is None or isinstance(budget, PrefillBudget):
         return budget
     if budget == "auto":
+        if model.device.type != "cpu":
+            # Timed here on a CPU's terms (a prompt token's cost against a decode row's, the
+            # host clock around each forward): on a GPU a chunk costs about one decode step and
+            # the clock would time launches, so prompts take the step's token budget there.
+            return None
         return measure_prefill_budget(
             model,
             max_batch=config.max_batch,

@@ -8,8 +8,8 @@ recently admitted sequence is preempted: its blocks are freed and it is recomput
 Every decoding sequence waits for the prompt tokens its step carries, so with a
 `PrefillBudget` those are bounded by how many sequences decode and how many prompt tokens wait
 (core/prefill_budget.py): a mixed step stays within a ratio of the decode step alone unless a
-backlog of prompts needs more (then within a burst bound), and only a step with nothing
-decoding takes the whole token budget.
+backlog of prompts needs more (then within a burst bound); a step with nothing decoding takes
+the whole token budget unless a burst of prompts is more than it holds.
 """
 
 from __future__ import annotations

@@ -151,7 +151,7 @@ class GgufFile:
         raw = self.reader.tensor_rows(info)  # [rows, bytes]
         width = info.dims[0]
         if kind == "F32":
-            return raw.view(torch.float32).clone()  # a copy: the map is the file's, not ours
+            return raw.clone().view(torch.float32)  # a copy (aligned): the map is the file's
         if kind in DEQUANTIZED_HERE:
             from nanoserve.runtime.kernels.cpu_kernels import kernels_available
 

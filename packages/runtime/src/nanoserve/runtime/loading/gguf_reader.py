@@ -44,6 +44,7 @@ _SCALARS = {
 _NUMPY = {0: "u1", 1: "i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4", 6: "<f4", 7: "?", 10: "<u8"}
 _NUMPY |= {11: "<i8", 12: "<f8"}
 _STRING, _ARRAY = 8, 9
+_MAX_DEPTH = 8  # arrays of arrays: real files nest none
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,14 +90,18 @@ class GgufReader:
             raise WeightsError(path, f"cannot be read ({error.strerror})") from None
         try:
             version, metadata, infos, end = _parse(mapped)
-        except (struct.error, UnicodeDecodeError, ValueError, IndexError) as error:
+        except (struct.error, UnicodeDecodeError, ValueError, IndexError, OverflowError) as error:
             raise WeightsError(path, f"cannot be parsed as GGUF, truncated? ({error})") from None
-        alignment = int(metadata.get("general.alignment", _DEFAULT_ALIGNMENT))
+        alignment = metadata.get("general.alignment", _DEFAULT_ALIGNMENT)
+        if not isinstance(alignment, int) or alignment < 1 or alignment & (alignment - 1):
+            raise WeightsError(path, f"general.alignment {alignment!r} is not a power of two")
         data_start = -(-end // alignment) * alignment
         tensors: dict[str, TensorInfo] = {}
         for name, dims, type_id, offset in infos:
             nbytes = _tensor_bytes(type_id, dims, path, name)
             begin = data_start + offset
+            if offset % alignment:
+                raise WeightsError(path, f"tensor {name!r} is not {alignment}-byte aligned")
             if begin + nbytes > size:
                 raise WeightsError(
                     path,
@@ -138,23 +143,33 @@ def _parse(
     at = 24
     u64 = struct.Struct("<Q").unpack_from
 
+    size = len(buf)
+
+    def fits(at: int, length: int) -> None:
+        # A length past the file is a corrupt header, said as one, not an OverflowError later.
+        if length > size - at:
+            raise ValueError(f"a field of {length} bytes at byte {at} runs past the file")
+
     def string(at: int) -> tuple[str, int]:
         (length,) = u64(buf, at)
         at += 8
+        fits(at, length)
         return buf[at : at + length].decode(), at + length
 
     def strings(count: int, at: int) -> tuple[list[str], int]:
         # A vocabulary is ~150k of these: one tight loop, no call per item.
+        fits(at, 8 * count)
         out: list[str] = []
         append = out.append
         for _ in range(count):
             (length,) = u64(buf, at)
             at += 8
+            fits(at, length)
             append(buf[at : at + length].decode())
             at += length
         return out, at
 
-    def value(kind: int, at: int) -> tuple[Any, int]:
+    def value(kind: int, at: int, depth: int = 0) -> tuple[Any, int]:
         if kind == _STRING:
             return string(at)
         if kind in _SCALARS:
@@ -162,29 +177,37 @@ def _parse(
             return struct.unpack_from(fmt, buf, at)[0], at + struct.calcsize(fmt)
         if kind != _ARRAY:
             raise ValueError(f"unknown metadata type {kind}")
+        if depth >= _MAX_DEPTH:
+            raise ValueError(f"arrays nested more than {_MAX_DEPTH} deep")
         item, count = struct.unpack_from("<IQ", buf, at)
         at += 12
         if item in _NUMPY:
             dtype = np.dtype(_NUMPY[item])
+            fits(at, count * dtype.itemsize)
             values = np.frombuffer(buf, dtype, count, at)
             return values.tolist(), at + count * dtype.itemsize
         if item == _STRING:
             return strings(count, at)
+        fits(at, count)  # every item takes at least a byte
         items = []
         for _ in range(count):
-            one, at = value(item, at)
+            one, at = value(item, at, depth + 1)
             items.append(one)
         return items, at
 
     metadata: dict[str, Any] = {}
+    fits(at, 13 * num_kv)  # a key-value pair is at least 13 bytes
     for _ in range(num_kv):
         key, at = string(at)
         (kind,) = struct.unpack_from("<I", buf, at)
         metadata[key], at = value(kind, at + 4)
     infos = []
+    fits(at, 24 * num_tensors)  # a tensor's info is at least 24 bytes
     for _ in range(num_tensors):
         name, at = string(at)
         (ndims,) = struct.unpack_from("<I", buf, at)
+        if ndims > 8:
+            raise ValueError(f"tensor {name!r} has {ndims} dimensions")
         dims = struct.unpack_from(f"<{ndims}Q", buf, at + 4)
         at += 4 + 8 * ndims
         type_id, offset = struct.unpack_from("<IQ", buf, at)

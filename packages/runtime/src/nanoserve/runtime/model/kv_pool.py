@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import mmap
 from dataclasses import dataclass
@@ -26,8 +27,10 @@ def zeroed(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> 
     if device.type != "cpu":
         return torch.zeros(shape, dtype=dtype, device=device)
     numel = math.prod(shape)
-    pages = mmap.mmap(-1, max(1, numel * dtype.itemsize))
-    pages.madvise(mmap.MADV_HUGEPAGE)  # 2 MiB faults, not 4 KiB ones: first touch is cheaper
+    flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS  # private: transparent huge pages apply
+    pages = mmap.mmap(-1, max(1, numel * dtype.itemsize), flags=flags)
+    with contextlib.suppress(AttributeError, OSError):  # a hint; absent off Linux, or THP off
+        pages.madvise(mmap.MADV_HUGEPAGE)  # 2 MiB faults, not 4 KiB ones: first touch is cheaper
     return torch.frombuffer(pages, dtype=dtype, count=numel).view(shape)
 
 

@@ -106,6 +106,8 @@ def quant_weight(source: Source, form: str, head: bool = False) -> QuantWeight:
         source.done()
         return weight
     floats = dense(source, torch.float32, torch.device("cpu"))
+    if isinstance(source, GgufBlocks):
+        source.done()  # read for good: its floats are in hand
     blocks = quantize_q4_1(floats) if target == "Q4_1" else quantize_q8_0(floats)
     return QuantWeight.pack(blocks, stored=stored or _float_name(floats))
 
