@@ -43,6 +43,7 @@ GRAPHS = GraphStats(
     eager_fallback_steps=2,
     shapes=3,
     logits_buffer_bytes=4096,
+    needed_bytes=3 << 20,
     pool_bytes=0,
     pool_sharing_ratio=0.0,
 )
@@ -112,6 +113,7 @@ async def test_health_reports_the_warm_up_and_the_recordings() -> None:
         "eager_fallback_steps": 2,
         "shapes": 3,
         "logits_buffer_bytes": 4096,
+        "needed_bytes": 3 << 20,
         "pool_bytes": 0,
         "pool_sharing_ratio": 0.0,
     }

@@ -44,6 +44,7 @@ ZERO_GRAPHS = {
     "nanoserve:graph_cold_recordings_total": 0.0,
     "nanoserve:graph_replays_total": 0.0,
     "nanoserve:decode_eager_fallback_steps_total": 0.0,
+    "nanoserve:graph_needed_bytes": 0.0,
     "nanoserve:graph_pool_bytes": 0.0,
     "nanoserve:graph_pool_sharing_ratio": 0.0,
 }
@@ -113,6 +114,7 @@ async def test_graph_metrics_are_the_recordings_counters() -> None:
         eager_fallback_steps=7,
         shapes=24,
         logits_buffer_bytes=1 << 20,
+        needed_bytes=5 << 25,
         pool_bytes=1 << 26,
         pool_sharing_ratio=2.5,
     )
@@ -123,6 +125,7 @@ async def test_graph_metrics_are_the_recordings_counters() -> None:
         "nanoserve:graph_cold_recordings_total": 1.0,
         "nanoserve:graph_replays_total": 900.0,
         "nanoserve:decode_eager_fallback_steps_total": 7.0,
+        "nanoserve:graph_needed_bytes": float(5 << 25),
         "nanoserve:graph_pool_bytes": float(1 << 26),
         "nanoserve:graph_pool_sharing_ratio": 2.5,
     }

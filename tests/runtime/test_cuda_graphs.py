@@ -44,7 +44,7 @@ def test_cuda_recordings_equal_the_same_shapes_run_eagerly(tiny_llama_dir: Path)
     assert isinstance(engine.runner.graphs.backend, CudaGraphBackend)
     assert run_joining_workload(engine) == persistent
     stats = engine.runner.graphs.stats()
-    assert stats["backend"] == "cuda-graph" and stats["replays"] > 0
+    assert stats.backend == "cuda-graph" and stats.replays > 0
 
 
 def test_cuda_recordings_share_one_pool(tiny_llama_dir: Path) -> None:
@@ -99,3 +99,26 @@ def test_cuda_moved_buffer_refuses_replay(tiny_llama_dir: Path) -> None:
     with pytest.raises(AddressesMovedError):
         engine.step()
     torch.cuda.synchronize()
+
+
+def test_cuda_staging_is_rewritten_only_after_its_copy_landed() -> None:
+    """The pinned staging feeds an asynchronous copy: an event recorded after the copy, and
+    waited on before the staging is rewritten, keeps the next step from overwriting values the
+    device has not read yet (with the stream busy, the copy is still queued when load returns)."""
+    from nanoserve.core import BlockTable, DecodeSeq, Shape
+    from nanoserve.runtime.decode.decode_inputs import DecodeInputs
+
+    def table_of(*blocks: int) -> BlockTable:
+        table = BlockTable(4)
+        table.blocks.extend(blocks)
+        return table
+
+    inputs = DecodeInputs(2, 16, 99, torch.device("cuda"), capacity=4)
+    assert inputs.copied is not None
+    torch.cuda._sleep(200_000_000)  # the stream busy for a while ahead of the copy
+    inputs.load([DecodeSeq(1, 41, 9, table_of(0, 1, 2))], Shape(1, 16))  # 3 chunks
+    assert not inputs.copied.query(), "the event must be recorded behind the copy"
+    plan = inputs.load([DecodeSeq(1, 42, 10, table_of(0, 1, 2))], Shape(1, 16))
+    torch.cuda.synchronize()
+    assert plan.input_ids.tolist() == [42] and plan.positions.tolist() == [10]
+    assert plan.slot_rect[0, :11].tolist() == list(range(11))

@@ -132,3 +132,42 @@ def test_bfloat16_is_batch_invariant(tiny_llama_dir: Path) -> None:
     alone = run(prompts[:1])["0"]
     assert run(prompts)["0"] == alone
     assert run(prompts, decode_mode="recorded")["0"] == alone
+
+
+def test_persistent_equals_recorded_where_the_blas_is_not_batch_invariant(
+    tiny_llama_dir: Path,
+) -> None:
+    """The recorded step computes logits for every row of its bucket; the eager step of the
+    same bucket must too, or the output projection runs on another row count (3 rows and 4
+    take different MKL kernels, as cuBLAS may pick another per count) and the logits differ in
+    their low bits. With batch invariance off (CUDA's setting), persistent == recorded still
+    holds bit for bit: the same shapes, the same kernels."""
+    from nanoserve.runtime.engine.sampling_params import SamplingParams
+    from nanoserve.runtime.engine_config import EngineConfig
+    from nanoserve.runtime.loading.checkpoint import load_checkpoint
+    from nanoserve.runtime.model.llama import LlamaModel
+
+    checkpoint = load_checkpoint(tiny_llama_dir)
+    model = LlamaModel.from_tensors(
+        checkpoint.config, checkpoint.tensors(), batch_invariant=False, max_positions=256
+    )
+    assert model.invariance == "bucket shape"
+    params = SamplingParams(max_tokens=10, temperature=0, ignore_eos=True, logprobs=2)
+
+    def run(mode: str) -> dict[str, list[tuple]]:
+        config = EngineConfig(
+            max_model_len=256,
+            block_size=4,
+            kv_budget_bytes=1 << 22,
+            width_multiple=8,
+            decode_mode=mode,  # type: ignore[arg-type]
+        )
+        engine = Engine(model, checkpoint.tokenizer, config)
+        for i, ids in enumerate(([5, 17, 3, 99], [120, 64, 8], [11, 13, 17, 19, 23])):
+            engine.add_request(str(i), ids, params)  # 3 rows: the bucket of 4
+        out: dict[str, list[tuple]] = {}
+        for delta in engine.run_until_done():
+            out.setdefault(delta.request_id, []).append((delta.token_ids, delta.top_logprobs))
+        return out
+
+    assert run("persistent") == run("recorded")

@@ -33,6 +33,7 @@ NO_GRAPHS = GraphStats(
     eager_fallback_steps=0,
     shapes=0,
     logits_buffer_bytes=0,
+    needed_bytes=0,
     pool_bytes=0,
     pool_sharing_ratio=0.0,
 )
@@ -112,8 +113,13 @@ def _graph_metrics(graphs: GraphStats) -> Iterator[Metric]:
         graphs.eager_fallback_steps,
     )
     yield _gauge(
+        "graph_needed_bytes",
+        "Bytes the recordings held now need at their peaks, summed.",
+        graphs.needed_bytes,
+    )
+    yield _gauge(
         "graph_pool_bytes",
-        "Bytes of the recordings' shared memory pool (CUDA).",
+        "Bytes of the recordings' shared memory pool (CUDA), discarded probes included.",
         graphs.pool_bytes,
     )
     yield _gauge(

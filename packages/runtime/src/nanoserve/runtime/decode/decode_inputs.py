@@ -47,6 +47,9 @@ class DecodeInputs:
         size = NUM_VECTORS * max_batch + 2 * self.capacity
         self._pinned = device.type == "cuda" and torch.cuda.is_available()
         self._host = torch.zeros(size, dtype=torch.int64, pin_memory=self._pinned)  # [size]
+        # Recorded after each copy out of the pinned staging and waited on before the staging
+        # is rewritten: the copy is asynchronous, and nothing else says it has landed.
+        self.copied = torch.cuda.Event() if self._pinned else None
         self._device = torch.zeros(size, dtype=torch.int64, device=device)  # [size]
         vectors = self._device[: NUM_VECTORS * max_batch].view(NUM_VECTORS, max_batch)
         self.buffers = DecodeBuffers(*vectors.unbind(0))
@@ -109,21 +112,23 @@ class DecodeInputs:
 
     def _move(self, staged: list[int], index: list[int], slots: list[int]) -> None:
         """One host->device copy of the vectors and up to `capacity` table entries; then the
-        entries scattered into the table on the device. The staging is rewritten next step
-        only after the step's sampled ids came back (a sync), so the async copy has landed;
-        within a step, an overflow chunk waits for the previous chunk's copy before it reuses
-        the staging (rare: only when many long sequences take rows at once)."""
+        entries scattered into the table on the device. On CUDA the copy is asynchronous: the
+        staging is rewritten only once the event recorded after the last copy out of it has
+        passed (at once in a steady decode, whose sampled ids came back since; an overflow
+        chunk, when many long sequences take rows at once, waits for the chunk before it)."""
         head = len(staged)
         first = True
         for start in range(0, max(len(index), 1), self.capacity):
-            if not first and self._pinned:
-                torch.cuda.current_stream(self.device).synchronize()
+            if self.copied is not None:
+                self.copied.synchronize()
             k = len(index[start : start + self.capacity])
             data = (staged if first else []) + index[start : start + k] + slots[start : start + k]
             offset = 0 if first else head
             end = offset + len(data)
             self._host[offset:end].copy_(torch.tensor(data, dtype=torch.int64))
             self._device[offset:end].copy_(self._host[offset:end], non_blocking=True)
+            if self.copied is not None:
+                self.copied.record(torch.cuda.current_stream(self.device))
             self.num_copies += 1
             if k:
                 entries = self._device[head : head + 2 * k]

@@ -172,7 +172,3 @@ class CacheRows:
             scale,
             accum_dtype,
         )
-
-    def num_logit_rows(self, plan: DecodePlan) -> int:
-        """Logits come back for the selected rows; the empty selection means all of them."""
-        return len(self.seq_ids) if self.seq_ids else plan.num_rows

@@ -280,8 +280,11 @@ class LlamaModel:
     ) -> torch.Tensor:
         """Logits (float32) of the selected rows of the flat batch: [selected, vocab].
 
-        `logit_rows` defaults to a decode plan's rows as the cache view selects them, and to
-        each chunk's last token of a prefill plan.
+        `logit_rows` defaults to every row of a decode plan, padding included, and to each
+        chunk's last token of a prefill plan. A padded decode step computes its padded rows'
+        logits too, whether it is recorded or run eagerly: the same row count on every path, so
+        the same BLAS kernel (cuBLAS may choose another per row count), at the cost of a few
+        rows of the output projection.
         """
         ops = self.ops
         x = ops.residual(self.embed[plan.input_ids])  # [tokens, hidden]
@@ -300,7 +303,7 @@ class LlamaModel:
                 x.add_(down)
         if logit_rows is None:
             if isinstance(plan, DecodePlan):
-                logit_rows = slice(0, cache.num_logit_rows(plan))
+                logit_rows = slice(0, plan.num_rows)
             else:
                 logit_rows = plan.last_token_idx
         h = ops.rms_norm(x[logit_rows], self.norm)
