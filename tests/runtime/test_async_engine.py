@@ -223,6 +223,56 @@ def test_bad_requests_raise_at_submit(make_tiny_engine) -> None:
     assert not engine.has_unfinished
 
 
+class RefusingEngine:
+    """An engine whose add_request fails where only the step thread can see it (after the
+    event loop's own checks passed), once `go` is set; everything else is the real engine's."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+        self.go = threading.Event()
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._engine, name)
+
+    def add_request(self, *args: object) -> None:
+        self.go.wait(timeout=10)
+        raise RequestError("prompt", "refused on the step thread")
+
+
+def test_a_refusal_on_the_step_thread_reaches_its_stream_through_the_loop(
+    make_tiny_engine,
+) -> None:
+    """asyncio's queues are not thread-safe: the step thread hands the refusal back, and the
+    event loop puts it on the stream. Under a debug loop, a put from the step thread to a
+    consumer already waiting raises "Non-thread-safe operation" there: the engine dies, and the
+    consumer is never woken. The loop is run by hand, so a stuck consumer fails the test
+    instead of hanging asyncio.run's teardown."""
+    engine = make_tiny_engine()
+    refusing = RefusingEngine(engine)
+
+    async def main() -> tuple[BaseException | str | None, str | None]:
+        served = AsyncEngine(refusing)  # type: ignore[arg-type]
+        await served.start()
+        try:
+            consumer = asyncio.create_task(collect(served.submit("r", PROMPTS[2], greedy(3))))
+            for _ in range(3):  # the consumer runs, and waits on its empty stream
+                await asyncio.sleep(0)
+            refusing.go.set()
+            done, _ = await asyncio.wait({consumer}, timeout=10)
+            return (consumer.exception() if done else "stuck"), served.dead
+        finally:
+            await served.shutdown(grace_seconds=0.0)
+
+    loop = asyncio.new_event_loop()
+    loop.set_debug(True)
+    try:
+        outcome, dead = loop.run_until_complete(main())
+    finally:
+        loop.close()
+    assert isinstance(outcome, RequestError) and "refused on the step thread" in str(outcome)
+    assert dead is None
+
+
 def test_n_samples_stream_until_all_finish(make_tiny_engine) -> None:
     engine = make_tiny_engine()
 

@@ -21,7 +21,7 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from nanoserve.core.errors import NanoserveError
 from nanoserve.runtime.engine.engine import Engine, RequestError
@@ -67,6 +67,13 @@ class AbortRequest:
 
 
 Message = AddRequest | AbortRequest
+
+
+class StepResult(NamedTuple):
+    """What a step on the worker thread hands the event loop to deliver."""
+
+    deltas: list[Delta]
+    refused: list[tuple[str, Exception]]  # (request id, why): add_request failed on the thread
 
 
 @dataclass(slots=True)
@@ -322,7 +329,7 @@ class AsyncEngine:
                 continue
             step = asyncio.get_running_loop().run_in_executor(self._step_thread, self._step)
             try:
-                deltas = await asyncio.wait_for(step, self.step_timeout)
+                deltas, refused = await asyncio.wait_for(step, self.step_timeout)
             except TimeoutError:
                 # The step thread is stuck (it cannot be stopped): the engine is lost.
                 self._die(
@@ -336,6 +343,10 @@ class AsyncEngine:
                 log.exception("engine step failed")
                 self._die(EngineDeadError(f"engine step failed: {error!r}"))
                 return
+            for request_id, error in refused:
+                stream = self._streams.get(request_id)
+                if stream is not None:
+                    stream.put_nowait(error)
             for delta in deltas:
                 stream = self._streams.get(delta.request_id)
                 if stream is None or delta.request_id in self._behind:
@@ -345,9 +356,11 @@ class AsyncEngine:
                     continue
                 stream.put_nowait(delta)
 
-    def _step(self) -> list[Delta]:
-        """Worker thread: apply the inbox, then one engine step."""
+    def _step(self) -> StepResult:
+        """Worker thread: apply the inbox, then one engine step. Touches no stream: asyncio's
+        queues belong to the event loop, which hands out what this returns."""
         deltas: list[Delta] = []
+        refused: list[tuple[str, Exception]] = []
         while self._inbox:
             # Peek, apply, then pop: a request stays counted (inbox or scheduler) throughout,
             # so add_request on the event loop never sees room that is not there.
@@ -356,9 +369,7 @@ class AsyncEngine:
                 try:
                     self.engine.add_request(message.request_id, message.prompt_ids, message.params)
                 except Exception as error:
-                    stream = self._streams.get(message.request_id)
-                    if stream is not None:
-                        stream.put_nowait(error)
+                    refused.append((message.request_id, error))
                 finally:
                     self._inbox.popleft()
             else:
@@ -366,7 +377,7 @@ class AsyncEngine:
                 deltas.extend(self.engine.abort(message.request_id))
         if self.engine.has_unfinished:
             deltas.extend(self.engine.step())
-        return deltas
+        return StepResult(deltas, refused)
 
     def _fall_behind(self, request_id: str, stream: asyncio.Queue[Delta | BaseException]) -> None:
         """A client that does not read must not make the server hold its tokens (and K/V) for
