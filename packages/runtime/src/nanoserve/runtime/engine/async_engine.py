@@ -343,10 +343,10 @@ class AsyncEngine:
                 log.exception("engine step failed")
                 self._die(EngineDeadError(f"engine step failed: {error!r}"))
                 return
-            for request_id, error in refused:
+            for request_id, refusal in refused:
                 stream = self._streams.get(request_id)
                 if stream is not None:
-                    stream.put_nowait(error)
+                    stream.put_nowait(refusal)
             for delta in deltas:
                 stream = self._streams.get(delta.request_id)
                 if stream is None or delta.request_id in self._behind:
