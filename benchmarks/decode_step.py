@@ -106,7 +106,7 @@ def forward_ms(
 def step_ms(
     model: LlamaModel, tokenizer, mode: str, device: str, rows: int, context: int, steps: int
 ) -> float:
-    engine = Engine(model, tokenizer, engine_config(decode_mode=mode, device=device))
+    engine = Engine.from_config(model, tokenizer, engine_config(decode_mode=mode, device=device))
     for i in range(rows):
         prompt = [(i * 131 + j * 7) % 40000 + 17 for j in range(context - 3 * (i % 3))]
         engine.add_request(
@@ -182,7 +182,7 @@ def main() -> None:
         print(table(rows, f"decode step, {where}, median of {args.steps} steps"))
         print("wrote", write_csv(f"decode_step_{args.device}.csv", rows))
 
-    engine = Engine(
+    engine = Engine.from_config(
         model, checkpoint.tokenizer, engine_config(decode_mode="recorded", device=args.device)
     )
     forward = forward_ms(engine, FORWARD_ROWS, FORWARD_WIDTH, args.repeats)

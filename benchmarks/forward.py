@@ -128,7 +128,7 @@ def prompt_ids(length: int, vocab: int = 49152) -> list[int]:
 
 
 def engine_for(model: LlamaModel, checkpoint: Checkpoint) -> Engine:
-    return Engine(
+    return Engine.from_config(
         model,
         checkpoint.tokenizer,
         EngineConfig(

@@ -35,7 +35,7 @@ from nanoserve.runtime.model.llama import LlamaModel
 
 
 def steady_engine(model: LlamaModel, checkpoint, rows: int) -> Engine:
-    engine = Engine(
+    engine = Engine.from_config(
         model,
         checkpoint.tokenizer,
         EngineConfig(

@@ -84,7 +84,7 @@ def tiny_model() -> tuple[LlamaModel, Tokenizer]:
 
 def host_row(model: LlamaModel, tokenizer: Tokenizer, generated: int) -> dict[str, object]:
     def engine() -> Engine:
-        return Engine(
+        return Engine.from_config(
             model,
             tokenizer,
             EngineConfig(

@@ -441,12 +441,12 @@ def check_tokens(report: Report, model: LlamaModel, tokenizer: Tokenizer, sizes:
     # "persistent": the recorded mode's bucket shapes and input storage, run eagerly.
     tokens = {
         name: run_workload(
-            Engine(model, tokenizer, EngineConfig(**base, decode_mode=name)), arrivals
+            Engine.from_config(model, tokenizer, EngineConfig(**base, decode_mode=name)), arrivals
         )
         for name in ("eager", "persistent")
     }
     config = EngineConfig(**base, decode_mode="recorded", warm_seconds=EXPLICIT_WARM_SECONDS)
-    engine = Engine(model, tokenizer, config)
+    engine = Engine.from_config(model, tokenizer, config)
     graphs, buckets = engine.runner.graphs, engine.runner.buckets
     assert graphs is not None and buckets is not None
     warm_report = warm_exactly(engine, warm_shapes(buckets))
@@ -514,8 +514,8 @@ def time_dtype(
         "kv_budget_bytes": kv_budget(model, max_rows * sizes.width, 16),
     }
     config = EngineConfig(**base, decode_mode="recorded", warm_seconds=EXPLICIT_WARM_SECONDS)
-    recorded = Engine(model, tokenizer, config)
-    eager = Engine(model, tokenizer, EngineConfig(**base))
+    recorded = Engine.from_config(model, tokenizer, config)
+    eager = Engine.from_config(model, tokenizer, EngineConfig(**base))
     warm_report = warm_exactly(recorded, warm_shapes(recorded.runner.buckets))  # type: ignore[arg-type]
     graphs = recorded.runner.graphs
     assert graphs is not None
@@ -589,7 +589,7 @@ def check_default_warm(
         dtype=str(model.dtype).removeprefix("torch."),
         **overrides,
     )
-    engine = Engine(model, tokenizer, config)
+    engine = Engine.from_config(model, tokenizer, config)
     said: list[str] = []
     warm_report = warm(engine, say=said.append)
     for line in said:

@@ -9,7 +9,7 @@ import pytest
 
 from nanoserve.api.cli import EXIT_FAILED, main
 from nanoserve.api.settings import ServerSettings, add_options, values_from_args, values_from_env
-from nanoserve.runtime.engine_config import DecodeMode, EngineConfigError
+from nanoserve.runtime.engine_config import DecodeMode, EngineConfigError, ResolvedConfig
 
 
 def settings(*argv: str) -> ServerSettings:
@@ -31,15 +31,15 @@ def settings(*argv: str) -> ServerSettings:
     ],
 )
 def test_decode_mode_from_flags(argv: tuple[str, ...], mode: DecodeMode) -> None:
-    assert settings(*argv).engine.decode_mode is mode
+    assert settings(*argv).engine.decode_mode == mode
 
 
 def test_decode_mode_from_the_environment() -> None:
     env = ServerSettings.from_env({"NANOSERVE_DECODE_MODE": "persistent"})
-    assert env.engine.decode_mode is DecodeMode.PERSISTENT
+    assert env.engine.decode_mode == DecodeMode.PERSISTENT
     assert (
         ServerSettings.from_env({"NANOSERVE_CAPTURE": "1"}).engine.decode_mode
-        is DecodeMode.RECORDED
+        == DecodeMode.RECORDED
     )
 
 
@@ -69,9 +69,13 @@ def test_the_environment_is_parsed_in_one_place() -> None:
 def test_a_server_picks_its_forms_by_checkpoint_and_cpu() -> None:
     from nanoserve.runtime.kernels.cpu_features import cpu_features
 
+    def resolved(*argv: str) -> ResolvedConfig:
+        return settings(*argv).engine.resolve(model_max_len=4096, auto_quantize="gguf")
+
     engine = settings().engine
     assert (engine.quantize, engine.dtype) == ("auto", "auto")  # resolved at boot
-    dense = settings("--quantize", "none").engine
+    assert (resolved().quantize, resolved().dtype) == ("gguf", "bfloat16")
+    dense = resolved("--quantize", "none")
     assert (dense.quantize, dense.dtype) == (None, cpu_features().auto_dtype())
-    assert settings("--quantize", "q4").engine.dtype == "bfloat16"
-    assert settings("--quantize", "q4", "--dtype", "float32").engine.dtype == "float32"
+    assert resolved("--quantize", "q4").dtype == "bfloat16"
+    assert resolved("--quantize", "q4", "--dtype", "float32").dtype == "float32"

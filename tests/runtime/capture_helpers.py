@@ -45,7 +45,7 @@ def tiny_engine(model_dir: Path, **config: object) -> Engine:
         "block_size": 4,
         "kv_budget_bytes": 1 << 22,
     }
-    return Engine(model, checkpoint.tokenizer, EngineConfig(**{**defaults, **config}))  # type: ignore[arg-type]
+    return Engine.from_config(model, checkpoint.tokenizer, EngineConfig(**{**defaults, **config}))  # type: ignore[arg-type]
 
 
 PROMPTS = (

@@ -200,7 +200,7 @@ def tiny_engine_builder(
             max_positions=config["max_model_len"],
             quantize=config.get("quantize"),
         )
-        return Engine(
+        return Engine.from_config(
             model, ck.tokenizer, EngineConfig(**config), chat_template=template, name="tiny"
         )
 

@@ -127,9 +127,9 @@ def test_a_cancel_during_the_warm_up_stops_it(tiny_llama_dir: Path) -> None:
 
 
 def test_warm_seconds_default_by_device_and_refusals() -> None:
-    assert EngineConfig().resolved(8192).warm_seconds == 30.0
-    assert EngineConfig(device="cuda").resolved(8192).warm_seconds == 3.0
-    assert EngineConfig(warm_seconds=7).resolved(8192).warm_seconds == 7
+    assert EngineConfig().resolve(model_max_len=8192).warm_seconds == 30.0
+    assert EngineConfig(device="cuda").resolve(model_max_len=8192).warm_seconds == 3.0
+    assert EngineConfig(warm_seconds=7).resolve(model_max_len=8192).warm_seconds == 7
     for bad in (0, -1.0, float("nan"), float("inf"), True, "30"):
         with pytest.raises(EngineConfigError, match=r"^warm_seconds must be a positive number"):
             EngineConfig(warm_seconds=bad)  # type: ignore[arg-type]

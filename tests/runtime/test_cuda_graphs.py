@@ -34,7 +34,7 @@ def cuda_engine(model_dir: Path, **config: object) -> Engine:
         "block_size": 4,
         "kv_budget_bytes": 1 << 22,
     }
-    return Engine(model, checkpoint.tokenizer, EngineConfig(**{**defaults, **config}))  # type: ignore[arg-type]
+    return Engine.from_config(model, checkpoint.tokenizer, EngineConfig(**{**defaults, **config}))  # type: ignore[arg-type]
 
 
 def test_cuda_recordings_equal_the_same_shapes_run_eagerly(tiny_llama_dir: Path) -> None:

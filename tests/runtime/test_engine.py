@@ -726,7 +726,7 @@ def test_embedded_model_alone_batched_and_preempted(embedded_checkpoint, embedde
             kv_budget_bytes=per_slot * (16 * num_blocks + 1),
             **overrides,  # type: ignore[arg-type]
         )
-        return Engine(model, ck.tokenizer, config)
+        return Engine.from_config(model, ck.tokenizer, config)
 
     prompts = [tuple(ck.tokenizer.encode(p)) for p in EMBEDDED_PROMPTS]
     requests = [

@@ -190,7 +190,7 @@ def test_embedded_greedy_matches_transformers(
     chunk: int | None,
 ) -> None:
     tokenizer = embedded_checkpoint.tokenizer
-    engine = Engine(
+    engine = Engine.from_config(
         embedded_model,
         tokenizer,
         EngineConfig(

@@ -20,7 +20,7 @@ def test_auto_is_measured_and_touches_no_slot(make_tiny_engine: Any) -> None:
     engine = make_tiny_engine(mixed=True, quantize="gguf", dtype=torch.bfloat16)
     before = engine.pool.snapshot()
     config = EngineConfig(max_batch=8, max_model_len=128, prefill_budget="auto")
-    budget = resolve_prefill_budget(engine.runner.model, config.resolved(128))
+    budget = resolve_prefill_budget(engine.runner.model, config.resolve(model_max_len=128))
     assert isinstance(budget, PrefillBudget)
     assert budget.per_token_s > 0 and budget.decode_step_s(8) > 0
     assert budget.max_rows == 8 and budget.max_tokens == config.max_num_batched_tokens
@@ -29,11 +29,19 @@ def test_auto_is_measured_and_touches_no_slot(make_tiny_engine: Any) -> None:
 
 def test_a_count_is_fixed_and_off_is_none() -> None:
     model: Any = SimpleNamespace(device=torch.device("cpu"))
-    fixed = resolve_prefill_budget(model, EngineConfig(prefill_budget=24).resolved(128))
+    fixed = resolve_prefill_budget(
+        model, EngineConfig(prefill_budget=24).resolve(model_max_len=128)
+    )
     assert fixed == PrefillBudget.fixed(24, max_tokens=512)
-    assert resolve_prefill_budget(model, EngineConfig(prefill_budget="off").resolved(128)) is None
+    assert (
+        resolve_prefill_budget(model, EngineConfig(prefill_budget="off").resolve(model_max_len=128))
+        is None
+    )
 
 
 def test_a_gpu_is_not_timed_on_a_cpus_terms() -> None:
     gpu: Any = SimpleNamespace(device=torch.device("cuda"))
-    assert resolve_prefill_budget(gpu, EngineConfig(prefill_budget="auto").resolved(128)) is None
+    assert (
+        resolve_prefill_budget(gpu, EngineConfig(prefill_budget="auto").resolve(model_max_len=128))
+        is None
+    )

@@ -114,7 +114,7 @@ def test_bfloat16_is_batch_invariant(tiny_llama_dir: Path) -> None:
     params = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True, logprobs=3)
 
     def run(prompts: list[list[int]], **mode: object) -> dict[str, tuple]:
-        engine = Engine(
+        engine = Engine.from_config(
             model,
             checkpoint.tokenizer,
             EngineConfig(
@@ -162,7 +162,7 @@ def test_persistent_equals_recorded_where_the_blas_is_not_batch_invariant(
             width_multiple=8,
             decode_mode=mode,  # type: ignore[arg-type]
         )
-        engine = Engine(model, checkpoint.tokenizer, config)
+        engine = Engine.from_config(model, checkpoint.tokenizer, config)
         for i, ids in enumerate(([5, 17, 3, 99], [120, 64, 8], [11, 13, 17, 19, 23])):
             engine.add_request(str(i), ids, params)  # 3 rows: the bucket of 4
         out: dict[str, list[tuple]] = {}

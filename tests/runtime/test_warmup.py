@@ -277,7 +277,7 @@ def test_a_time_budget_trims_the_widest_shapes_first(tiny_llama_dir: Path) -> No
         **WARM, decode_mode="recorded", block_size=4, kv_budget_bytes=1 << 22, warm_seconds=0.3
     )
     paced = PacedBackend()
-    engine = Engine(model, checkpoint.tokenizer, config, backend=paced)
+    engine = Engine.from_config(model, checkpoint.tokenizer, config, backend=paced)
     shapes = warm_shapes(engine.runner.buckets)
     memory_skipped = ((Shape(8, 64), "wider than the budget's width ceiling of 0 tokens"),)
     # Per width w, rows 1 + 2 + 4 cost 3/64 + 7w/4096 s: widths up to 32 cost 0.17578125 s, up

@@ -12,7 +12,7 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from nanoserve.runtime.engine_config import EngineConfig, EngineConfigError
+from nanoserve.runtime.engine_config import SERVER_DEFAULTS, EngineConfig, EngineConfigError
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]i?b?|b)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "b": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
@@ -177,10 +177,7 @@ class ServerSettings:
     @classmethod
     def from_values(cls, values: Mapping[str, object]) -> ServerSettings:
         engine_fields = {k: v for k, v in values.items() if k not in _SERVER_FIELDS}
-        # A server picks by CPU and checkpoint; the library's defaults are the exact fp32 mode.
-        engine_fields.setdefault("dtype", "auto")
-        engine_fields.setdefault("quantize", "auto")
-        engine_fields.setdefault("prefill_budget", "auto")  # decode rows are not held up
+        engine_fields = {**SERVER_DEFAULTS, **engine_fields}
         if values.get("capture"):
             mode = engine_fields.setdefault("decode_mode", "recorded")
             if mode != "recorded":

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, fields
 from enum import Enum
 
 import torch
@@ -17,6 +17,7 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 # target is a 3 s warm-up; on a CPU a frozen call costs a real forward, and 30 s of warm-up
 # keeps a whole boot (load, probes, warm-up, first forward) under about a minute.
 DEFAULT_WARM_SECONDS = {"cpu": 30.0, "cuda": 3.0}
+DEFAULT_MAX_MODEL_LEN = 4096  # unless asked, contexts stop here even if the model goes further
 
 
 class EngineConfigError(NanoserveError, ValueError):
@@ -48,12 +49,19 @@ class DecodeMode(str, Enum):
         return self is DecodeMode.RECORDED
 
 
+# What a server changes of EngineConfig's defaults: EngineConfig() is the library's exact mode
+# (fp32 weights, no prefill budget: the same tokens on every CPU), and `nanoserve serve` picks
+# by CPU and checkpoint. The one place both sets of defaults are written.
+SERVER_DEFAULTS: dict[str, str] = {"dtype": AUTO, "quantize": AUTO, "prefill_budget": AUTO}
+
+
 @dataclass(frozen=True, slots=True)
 class EngineConfig:
     model: str | None = None  # a Hugging Face directory or a GGUF file; None: the embedded model
     # "auto": bf16 on CUDA, under nanoserve's kernels, or where the CPU has it natively; else fp32
     dtype: str = "float32"
-    # "int8", "q4", "q8": quantized linears (weight_forms.py); "auto": a GGUF's own block form
+    # "int8", "q4", "q8": quantized linears (weight_forms.py); "auto": a GGUF's own block form;
+    # None or "none": the model dtype's own weights
     quantize: str | None = None
     device: str = "cpu"
     max_batch: int = 32  # rows a step may hold: the scheduler's row limit and the warm list's
@@ -69,7 +77,7 @@ class EngineConfig:
     max_waiting: int = 256
     enable_prefix_cache: bool = True
     batch_invariant: bool = True  # a row's tokens ignore its batch and its bucket
-    decode_mode: DecodeMode = DecodeMode.EAGER  # a DecodeMode or its value ("recorded")
+    decode_mode: DecodeMode | str = DecodeMode.EAGER  # a DecodeMode or its value ("recorded")
     width_multiple: int = 64
     warm: bool = True  # when recorded: record the warm list before serving
     warm_max_rows: int | None = None  # None: max_batch
@@ -83,8 +91,9 @@ class EngineConfig:
     step_timeout: float | None = 120.0
 
     def __post_init__(self) -> None:
+        """Refuse what no model could make possible; change nothing (resolve() decides)."""
         try:
-            object.__setattr__(self, "decode_mode", DecodeMode(self.decode_mode))
+            DecodeMode(self.decode_mode)
         except ValueError:
             modes = ", ".join(m.value for m in DecodeMode)
             raise EngineConfigError(
@@ -92,25 +101,17 @@ class EngineConfig:
             ) from None
         if self.device.split(":")[0] not in ("cpu", "cuda"):
             raise EngineConfigError(f"device must be cpu or cuda, got {self.device!r}")
-        if self.quantize == "none":
-            object.__setattr__(self, "quantize", None)
-        if self.prefill_budget == "off":
-            object.__setattr__(self, "prefill_budget", None)
+        quantize = None if self.quantize == "none" else self.quantize
         try:
-            check_quantize(self.quantize, allow_auto=True)
+            check_quantize(quantize, allow_auto=True)
         except ValueError as error:
             raise EngineConfigError(str(error)) from None
-        # "auto" is resolved here unless it waits on quantize's own "auto" (with_weight_forms).
-        if self.dtype == AUTO and self.quantize != AUTO:
-            object.__setattr__(
-                self, "dtype", auto_dtype(self.device, self.quantize in KERNEL_FORMS)
-            )
         if self.dtype not in DTYPES and self.dtype != AUTO:
             choices = ", ".join([AUTO, *sorted(DTYPES)])
             raise EngineConfigError(f"dtype must be one of {choices}, got {self.dtype!r}")
-        if self.quantize in KERNEL_FORMS and self.device.split(":")[0] != "cpu":
+        if quantize in KERNEL_FORMS and self.device.split(":")[0] != "cpu":
             raise EngineConfigError(
-                f"quantize {self.quantize} runs on nanoserve's CPU kernels, not on {self.device}"
+                f"quantize {quantize} runs on nanoserve's CPU kernels, not on {self.device}"
             )
         for name in ("max_batch", "max_num_batched_tokens", "block_size", "width_multiple"):
             value = getattr(self, name)
@@ -119,7 +120,7 @@ class EngineConfig:
         budget = self.prefill_budget
         if not (
             budget is None
-            or budget == AUTO
+            or budget in (AUTO, "off")
             or isinstance(budget, PrefillBudget)
             or (isinstance(budget, int) and not isinstance(budget, bool) and budget >= 1)
         ):
@@ -145,35 +146,83 @@ class EngineConfig:
                     f"{name} must be a positive number of seconds, got {value!r}"
                 )
 
-    @property
-    def torch_dtype(self) -> torch.dtype:
-        if self.dtype == AUTO:
-            raise EngineConfigError("dtype 'auto' waits on quantize 'auto': resolve it first")
-        return DTYPES[self.dtype]
-
-    def with_weight_forms(self, quantize: str | None) -> EngineConfig:
-        """quantize "auto" resolved (to what the checkpoint holds), and dtype "auto" with it."""
-        if self.quantize != AUTO:
-            return self
+    def resolve(self, *, model_max_len: int, auto_quantize: str | None = None) -> ResolvedConfig:
+        """Every choice made, for a model of `model_max_len` positions whose weights serve as
+        `auto_quantize` where quantize is "auto" (what the checkpoint holds, or what the model
+        was built with). Called once: by build_engine, or by Engine.from_config."""
+        quantize = None if self.quantize == "none" else self.quantize
+        if quantize == AUTO:
+            quantize = auto_quantize
         dtype = self.dtype
         if dtype == AUTO:
             dtype = auto_dtype(self.device, quantize in KERNEL_FORMS)
-        return replace(self, quantize=quantize, dtype=dtype)
-
-    def resolved(self, model_max_len: int) -> EngineConfig:
-        """Fill the limits that depend on the model."""
-        max_len = self.max_model_len or min(model_max_len, 4096)
+        max_len = self.max_model_len or min(model_max_len, DEFAULT_MAX_MODEL_LEN)
         if max_len > model_max_len:
             raise EngineConfigError(
                 f"max_model_len {max_len} exceeds the model's {model_max_len} positions"
             )
-        return replace(
-            self,
+        return ResolvedConfig(
+            model=self.model,
+            dtype=dtype,
+            quantize=quantize,
+            device=self.device,
+            max_batch=self.max_batch,
             max_model_len=max_len,
+            max_num_batched_tokens=self.max_num_batched_tokens,
+            prefill_budget=None if self.prefill_budget == "off" else self.prefill_budget,
+            block_size=self.block_size,
+            kv_budget_bytes=self.kv_budget_bytes,
+            max_waiting=self.max_waiting,
+            enable_prefix_cache=self.enable_prefix_cache,
+            batch_invariant=self.batch_invariant,
+            decode_mode=DecodeMode(self.decode_mode),
+            width_multiple=self.width_multiple,
+            warm=self.warm,
             warm_max_rows=self.warm_max_rows or self.max_batch,
             warm_max_width=min(self.warm_max_width or max_len, max_len),
+            warm_budget_bytes=self.warm_budget_bytes,
             warm_seconds=self.warm_seconds or DEFAULT_WARM_SECONDS[self.device.split(":")[0]],
+            seed=self.seed,
+            served_model_name=self.served_model_name,
+            step_timeout=self.step_timeout,
         )
+
+    def as_dict(self) -> dict[str, object]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+@dataclass(frozen=True, slots=True)
+class ResolvedConfig:
+    """An EngineConfig with every choice made (EngineConfig.resolve): no "auto", no limit left
+    unset. What the engine, its runner and the server read."""
+
+    model: str | None
+    dtype: str  # float32, bfloat16 or float16
+    quantize: str | None  # a weight form; None: the model dtype's own weights
+    device: str
+    max_batch: int
+    max_model_len: int
+    max_num_batched_tokens: int
+    prefill_budget: PrefillBudget | int | str | None  # "auto": measured at the engine's start
+    block_size: int
+    kv_budget_bytes: int
+    max_waiting: int | None  # None: the waiting queue is unbounded
+    enable_prefix_cache: bool
+    batch_invariant: bool
+    decode_mode: DecodeMode
+    width_multiple: int
+    warm: bool
+    warm_max_rows: int
+    warm_max_width: int
+    warm_budget_bytes: int | None  # None: the memory measured free when a recording is gated
+    warm_seconds: float
+    seed: int
+    served_model_name: str | None
+    step_timeout: float | None  # None: no watchdog
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return DTYPES[self.dtype]
 
     def as_dict(self) -> dict[str, object]:
         return {f.name: getattr(self, f.name) for f in fields(self)}

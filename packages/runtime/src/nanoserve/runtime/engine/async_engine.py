@@ -224,7 +224,7 @@ class AsyncEngine:
 
     @property
     def max_model_len(self) -> int:
-        return self.engine.config.max_model_len or 0
+        return self.engine.config.max_model_len
 
     @property
     def tokenizer(self) -> Tokenizer | FaultyTokenizer:

@@ -37,16 +37,17 @@ def resolve_model_path(model: str | None) -> Path:
 
 def choose_weight_forms(
     config: EngineConfig, checkpoint: Checkpoint, say: Callable[[str], None]
-) -> EngineConfig:
-    """quantize "auto": the checkpoint's own block form on nanoserve's CPU kernels, or the
-    model dtype where there is none or the kernels cannot be built here (said, not raised)."""
+) -> str | None:
+    """What quantize "auto" serves: the checkpoint's own block form on nanoserve's CPU
+    kernels, or the model dtype where there is none or the kernels cannot be built here (said,
+    not raised)."""
     if config.quantize != AUTO:
-        return config
+        return None
     form = auto_quantize(checkpoint.linear_types(), config.device)
     if form is not None and not kernels_available():
         say(f"quantize auto: the CPU kernels cannot be built here, so {form} is served dequantized")
         form = None
-    return config.with_weight_forms(form)
+    return form
 
 
 def build_engine(
@@ -62,15 +63,17 @@ def build_engine(
     path = resolve_model_path(config.model)
     say(f"loading {path}")
     checkpoint = load_checkpoint(path)
-    config = choose_weight_forms(config, checkpoint, say)
-    config = config.resolved(checkpoint.config.max_position_embeddings)
+    resolved = config.resolve(
+        model_max_len=checkpoint.config.max_position_embeddings,
+        auto_quantize=choose_weight_forms(config, checkpoint, say),
+    )
     model = LlamaModel.from_checkpoint(
         checkpoint,
-        dtype=config.torch_dtype,
-        device=config.device,
-        batch_invariant=config.batch_invariant,
-        max_positions=config.max_model_len,
-        quantize=config.quantize,
+        dtype=resolved.torch_dtype,
+        device=resolved.device,
+        batch_invariant=resolved.batch_invariant,
+        max_positions=resolved.max_model_len,
+        quantize=resolved.quantize,
     )
     try:
         chat_template: ChatTemplate | None = ChatTemplate.from_checkpoint(checkpoint)
@@ -85,7 +88,7 @@ def build_engine(
     engine = Engine(
         model,
         checkpoint.tokenizer,
-        config,
+        resolved,
         chat_template=chat_template,
         name=name,
         boot_started=started,
@@ -95,16 +98,16 @@ def build_engine(
             f"prefill budget: a decode step of r rows measured at {budget.base_s * 1e3:.1f} ms"
             f" + {budget.per_row_s * 1e3:.2f} ms/row, a prompt token at"
             f" {budget.per_token_s * 1e3:.2f} ms; while sequences decode a step carries"
-            f" {budget.tokens(1)} prompt tokens at 1 row, {budget.tokens(config.max_batch)} at"
-            f" {config.max_batch} (within {budget.ratio}x of the decode step), and a backlog up"
-            f" to {budget.burst_tokens(1, config.max_batch)} (steps within {budget.burst}x the"
+            f" {budget.tokens(1)} prompt tokens at 1 row, {budget.tokens(resolved.max_batch)} at"
+            f" {resolved.max_batch} (within {budget.ratio}x of the decode step), and a backlog up"
+            f" to {budget.burst_tokens(1, resolved.max_batch)} (steps within {budget.burst}x the"
             " decode step to come)"
         )
     say(
-        f"planned K/V pool: {engine.pool_plan.num_blocks} blocks of {config.block_size}"
-        f" ({engine.pool_plan.total_bytes / 2**20:.0f} MiB) for {config.max_model_len}-token contexts"
+        f"planned K/V pool: {engine.pool_plan.num_blocks} blocks of {resolved.block_size}"
+        f" ({engine.pool_plan.total_bytes / 2**20:.0f} MiB) for {resolved.max_model_len}-token contexts"
     )
-    if config.decode_mode.recorded and config.warm:
+    if resolved.decode_mode.recorded and resolved.warm:
         check_cancelled(cancel, "before the warm-up")
         warm(engine, say, cancel)
     check_cancelled(cancel, "before the first forward")

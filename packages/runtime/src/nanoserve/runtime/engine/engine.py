@@ -38,7 +38,7 @@ from nanoserve.runtime.engine.sampler import SampleRow, sample
 from nanoserve.runtime.engine.sampling_params import SamplingParams
 from nanoserve.runtime.engine.scheduler import Scheduler, SchedulerOutput
 from nanoserve.runtime.engine.sequence import Delta, Sequence, Status
-from nanoserve.runtime.engine_config import EngineConfig, EngineConfigError
+from nanoserve.runtime.engine_config import EngineConfig, EngineConfigError, ResolvedConfig
 from nanoserve.runtime.kernels.cpu_features import cpu_features
 from nanoserve.runtime.model.kv_pool import KVPool
 from nanoserve.runtime.model.llama import LlamaModel
@@ -65,7 +65,7 @@ class Engine:
         self,
         model: LlamaModel,
         tokenizer: Tokenizer,
-        config: EngineConfig,
+        config: ResolvedConfig,
         *,
         backend: Backend | None = None,
         chat_template: ChatTemplate | None = None,
@@ -74,9 +74,6 @@ class Engine:
     ) -> None:
         """boot_started: time.perf_counter() when the boot began (before loading), so that
         `mark_ready` can say how long the whole boot took."""
-        config = config.with_weight_forms(model.quantize).resolved(
-            model.config.max_position_embeddings
-        )
         self.model = model
         self.tokenizer = tokenizer
         self.config = config
@@ -129,6 +126,18 @@ class Engine:
         # Unseeded sampling draws from the engine's own generator, never the process's.
         self.generator = torch.Generator(device=model.device).manual_seed(config.seed)
 
+    @classmethod
+    def from_config(
+        cls, model: LlamaModel, tokenizer: Tokenizer, config: EngineConfig, **kwargs: Any
+    ) -> Engine:
+        """An engine over a model already built: config resolved against that model (its
+        positions, and its weight form for quantize "auto"). build_engine resolves before it
+        builds the model, and calls the constructor."""
+        resolved = config.resolve(
+            model_max_len=model.config.max_position_embeddings, auto_quantize=model.quantize
+        )
+        return cls(model, tokenizer, resolved, **kwargs)
+
     # -- requests ---------------------------------------------------------------------------
 
     def add_request(self, request_id: str, prompt_ids: Seq[int], params: SamplingParams) -> None:
@@ -165,7 +174,7 @@ class Engine:
         self.prompt_tokens += len(prompt_ids)
 
     def check_request(self, prompt_ids: Seq[int], params: SamplingParams) -> None:
-        max_len = self.config.max_model_len or 0
+        max_len = self.config.max_model_len
         vocab = self.model.config.vocab_size
         if not prompt_ids:
             raise RequestError("prompt", "the prompt is empty")
@@ -288,7 +297,6 @@ class Engine:
         if graphs is None or buckets is None:
             raise EngineConfigError("a warm-up needs decode_mode='recorded'")
         config = self.config
-        assert config.warm_max_rows is not None and config.warm_max_width is not None
         return plan_warm(
             buckets,
             graphs.footprint,
@@ -344,7 +352,7 @@ class Engine:
         """An unset max_tokens: as long as the context allows and the pool can hold (a pool
         smaller than max_model_len would otherwise refuse every request that leaves it
         unset)."""
-        context = min(self.config.max_model_len or 0, self.pool_plan.num_slots)
+        context = min(self.config.max_model_len, self.pool_plan.num_slots)
         return max(1, context - prompt_len)
 
     def render_chat(self, messages: Seq[Mapping[str, Any]], **extra: object) -> str:
@@ -374,7 +382,7 @@ class Engine:
             weight_fallbacks=self.runner.model.weight_fallbacks,
             decode_mode=config.decode_mode.value,
             prefill_budget=self.prefill_budget,
-            max_model_len=config.max_model_len or 0,
+            max_model_len=config.max_model_len,
             ready_seconds=self.ready_seconds,
             pool=self.pool_plan,
             blocks_in_use=self.blocks.num_in_use,

@@ -16,7 +16,7 @@ from collections.abc import Callable
 import torch
 
 from nanoserve.core import DecodePlan, KVPoolPlan, PrefillBudget, PrefillPlan, pad_decode
-from nanoserve.runtime.engine_config import EngineConfig
+from nanoserve.runtime.engine_config import ResolvedConfig
 from nanoserve.runtime.model.kv_pool import KVPool
 from nanoserve.runtime.model.llama import LlamaModel
 
@@ -103,7 +103,7 @@ def padding_prefill(tokens: int, sink: int, device: torch.device) -> PrefillPlan
     )
 
 
-def resolve_prefill_budget(model: LlamaModel, config: EngineConfig) -> PrefillBudget | None:
+def resolve_prefill_budget(model: LlamaModel, config: ResolvedConfig) -> PrefillBudget | None:
     """The config's prefill budget as the scheduler takes it: measured here for "auto"."""
     budget = config.prefill_budget
     if budget is None or isinstance(budget, PrefillBudget):
@@ -119,6 +119,6 @@ def resolve_prefill_budget(model: LlamaModel, config: EngineConfig) -> PrefillBu
             max_batch=config.max_batch,
             max_tokens=config.max_num_batched_tokens,
             block_size=config.block_size,
-            max_positions=config.max_model_len or 1,
+            max_positions=config.max_model_len,
         )
     return PrefillBudget.fixed(int(budget), config.max_num_batched_tokens)

@@ -22,7 +22,7 @@ from nanoserve.core import (
 from nanoserve.runtime.decode.decode_inputs import DecodeInputs
 from nanoserve.runtime.decode.graphs import Backend, DecodeGraphs, StepFn, default_backend
 from nanoserve.runtime.engine.scheduler import SchedulerOutput
-from nanoserve.runtime.engine_config import EngineConfig
+from nanoserve.runtime.engine_config import ResolvedConfig
 from nanoserve.runtime.model.kv_pool import CacheRows, KVPool
 from nanoserve.runtime.model.llama import LlamaModel
 from nanoserve.runtime.model.memory import free_bytes
@@ -33,10 +33,9 @@ class ModelRunner:
         self,
         model: LlamaModel,
         pool: KVPool,
-        config: EngineConfig,
+        config: ResolvedConfig,
         backend: Backend | None = None,
     ) -> None:
-        assert config.max_model_len is not None, "resolve the config first"
         self.model = model
         self.pool = pool
         self.config = config
