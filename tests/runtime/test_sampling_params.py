@@ -27,12 +27,13 @@ def test_temperature_zero_is_greedy() -> None:
     assert not SamplingParams(temperature=1e-3).greedy
 
 
-def test_normalisation() -> None:
-    params = SamplingParams(stop="###", stop_token_ids=[7, 9], top_k=-1)
-    assert params.stop == ("###",)
-    assert params.stop_token_ids == (7, 9)
-    assert params.top_k == 0
-    assert SamplingParams(stop=["a", "bc"]).stop == ("a", "bc")
+def test_fields_are_kept_as_given() -> None:
+    """Frozen and never rewritten: lists stay lists, -1 stays -1 (off, like 0)."""
+    params = SamplingParams(stop=["###"], stop_token_ids=[7, 9], top_k=-1)
+    assert (params.stop, params.stop_token_ids, params.top_k) == (["###"], [7, 9], -1)
+    assert SamplingParams(stop=("a", "bc")).stop == ("a", "bc")
+    with pytest.raises(SamplingParamsError, match="a list of one"):
+        SamplingParams(stop="###")  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(

@@ -181,7 +181,7 @@ def sampling_params(
         "max_tokens": default_max if max_tokens is None else max_tokens,
         "temperature": 1.0 if request.temperature is None else request.temperature,
         "top_p": 1.0 if request.top_p is None else request.top_p,
-        "top_k": request.top_k or 0,
+        "top_k": request.top_k or 0,  # -1 and 0 both mean off
         "min_p": request.min_p or 0.0,
         "seed": request.seed,
         "stop": (stop,) if isinstance(stop, str) else tuple(stop or ()),

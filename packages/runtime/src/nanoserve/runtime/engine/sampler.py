@@ -87,7 +87,7 @@ def sample(
         knobs = _upload(
             [
                 [p.temperature if not p.greedy else 1.0 for p in params],
-                [float(p.top_k or logits.shape[1]) for p in params],
+                [float(p.top_k if p.top_k > 0 else logits.shape[1]) for p in params],
                 [p.top_p for p in params],
                 [p.min_p for p in params],
                 [0.0 if p.greedy else 1.0 for p in params],
@@ -202,7 +202,7 @@ def _apply_filters(
 ) -> torch.Tensor:
     """top_k / top_p / min_p; knobs[1:] are their per-row values on the device."""
     device = logits.device
-    if any(p.top_k for p in params) or any(p.top_p < 1.0 for p in params):
+    if any(p.top_k > 0 for p in params) or any(p.top_p < 1.0 for p in params):
         sorted_logits, order = logits.sort(dim=-1, descending=True)
         vocab = logits.shape[1]
         rank = torch.arange(vocab, device=device)[None, :]

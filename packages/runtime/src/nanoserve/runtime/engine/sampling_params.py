@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from nanoserve.core.errors import FieldError
@@ -25,11 +25,11 @@ class SamplingParams:
     max_tokens: int = 16
     temperature: float = 1.0  # 0 is greedy
     top_p: float = 1.0
-    top_k: int = 0  # 0 (or -1) is off
+    top_k: int = 0  # 0 or -1: off
     min_p: float = 0.0
     seed: int | None = None
-    stop: tuple[str, ...] = ()
-    stop_token_ids: tuple[int, ...] = ()
+    stop: Sequence[str] = ()  # a list or tuple of strings, never one bare string
+    stop_token_ids: Sequence[int] = ()
     ignore_eos: bool = False
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
@@ -40,13 +40,7 @@ class SamplingParams:
     grammar: GrammarSpec | None = None  # constrain the output (structured outputs, tool calls)
 
     def __post_init__(self) -> None:
-        if isinstance(self.stop, str):
-            object.__setattr__(self, "stop", (self.stop,))
-        object.__setattr__(self, "stop", tuple(self.stop))
-        object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
-        if self.top_k == -1:
-            object.__setattr__(self, "top_k", 0)
-        self.validate()
+        self.validate()  # and nothing else: the fields are what the caller gave
 
     def validate(self) -> None:
         def bad(name: str, message: str) -> SamplingParamsError:
@@ -58,7 +52,7 @@ class SamplingParams:
             raise bad("temperature", "must be in [0, 2]")
         if not _is_number(self.top_p) or not 0.0 < self.top_p <= 1.0:
             raise bad("top_p", "must be in (0, 1]")
-        if not _is_int(self.top_k) or self.top_k < 0:
+        if not _is_int(self.top_k) or self.top_k < -1:
             raise bad("top_k", "must be -1, 0 (off) or a positive integer")
         if not _in_range(self.min_p, 0.0, 1.0):
             raise bad("min_p", "must be in [0, 1]")
@@ -78,6 +72,10 @@ class SamplingParams:
             raise bad("logprobs", f"must be an integer in [0, {MAX_TOP_LOGPROBS}]")
         if not _is_int(self.n) or not 1 <= self.n <= MAX_N:
             raise bad("n", f"must be an integer in [1, {MAX_N}]")
+        if isinstance(self.stop, str) or not isinstance(self.stop, list | tuple):
+            raise bad("stop", "must be a list of strings (one string: a list of one)")
+        if not isinstance(self.stop_token_ids, list | tuple):
+            raise bad("stop_token_ids", "must be a list of token ids")
         if any(not isinstance(s, str) or not s for s in self.stop) or len(self.stop) > 16:
             raise bad("stop", "must be up to 16 non-empty strings")
         if any(not _is_int(t) or t < 0 for t in self.stop_token_ids):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 import logging
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -183,7 +184,7 @@ class Sequence:
         return delta
 
 
-def _held_back(text: str, stops: tuple[str, ...]) -> int:
+def _held_back(text: str, stops: Iterable[str]) -> int:
     """Length of the longest suffix of text that is a proper prefix of some stop string."""
     best = 0
     for stop in stops:
