@@ -54,17 +54,18 @@ def scheduler(num_blocks: int = 64, **kwargs: object) -> Scheduler:
 def drive(s: Scheduler) -> SchedulerOutput:
     """One engine step without a model."""
     out = s.schedule()
+    seqs = s.seqs_of(out)
     s.commit(out)
-    for item in out.scheduled:
-        if item.seq.num_computed == item.seq.num_tokens:  # this chunk reached the last token
-            item.seq.append(TOKEN, None, None)
-            if item.seq.finished:
-                s.finish(item.seq)
+    for seq, item in zip(seqs, out.scheduled, strict=True):
+        if item.samples:  # this chunk reached the last token
+            seq.append(TOKEN, None, None)
+            if seq.finished:
+                s.finish(seq)
     return out
 
 
 def shape(out: SchedulerOutput) -> list[tuple[int, int]]:
-    return [(item.seq.seq_id, item.num_new) for item in out.scheduled]
+    return [(item.seq_id, item.num_new) for item in out.scheduled]
 
 
 def test_one_request_prefill_then_decode(make_seq) -> None:
@@ -101,7 +102,7 @@ def test_long_prompt_is_chunked_within_the_budget(make_seq) -> None:
     for _ in range(4):
         out = s.schedule()
         shapes.append(shape(out))
-        samples.append(out.scheduled[0].samples)  # read before commit moves num_computed
+        samples.append(out.scheduled[0].samples)
         s.commit(out)
         if samples[-1]:
             seq.append(TOKEN, None, None)
@@ -346,3 +347,28 @@ def test_refused_admissions_without_a_prefix_cache_count_nothing(make_seq) -> No
         drive(s)
     assert (s.blocks.stats.queried_tokens, s.blocks.stats.hit_tokens) == (0, 0)
     assert a.finished and b.finished
+
+
+def test_the_output_is_data_about_its_rows(make_seq) -> None:
+    """Each row carries its sequence's id, the tokens computed this step, the position of the
+    first and whether it samples: the runner needs no live sequence."""
+    s = scheduler(max_num_batched_tokens=4)
+    seq = make_seq(6, max_tokens=3)
+    s.add([seq])
+    first = drive(s)
+    (row,) = first.scheduled
+    assert (row.seq_id, row.chunk.token_ids, row.chunk.start_pos, row.samples) == (
+        seq.seq_id,
+        tuple(seq.prompt_ids[:4]),
+        0,
+        False,
+    )
+    assert row.chunk.block_table is seq.block_table
+    second = drive(s)
+    assert (second.scheduled[0].chunk.token_ids, second.scheduled[0].samples) == (
+        tuple(seq.prompt_ids[4:]),
+        True,
+    )
+    third = s.schedule()  # a decode: the token sampled last, at the next position
+    assert third.scheduled[0].chunk.token_ids == (TOKEN,)
+    assert third.scheduled[0].chunk.start_pos == 6 and third.is_decode_only

@@ -239,3 +239,14 @@ def test_a_grammar_that_ends_finishes_with_stop_at_once(make_seq) -> None:
     assert not seq.finished
     seq.append(105, None, None)
     assert seq.finish_reason == "stop" and seq.output_ids == [104, 105]
+
+
+def test_tokens_reads_positions_across_prompt_and_output(make_seq) -> None:
+    """What a step reads of a sequence: its own positions, never the whole list copied."""
+    seq = make_seq(max_tokens=10)
+    feed(seq, [HE, LLO])
+    assert seq.tokens(0, 5) == (5, 6, 7, HE, LLO) == tuple(seq.token_ids())
+    assert seq.tokens(1, 3) == (6, 7)
+    assert seq.tokens(2, 4) == (7, HE)
+    assert seq.tokens(4, 5) == (LLO,)  # a decode step's one token: the last sampled
+    assert seq.tokens(3, 3) == ()

@@ -244,7 +244,8 @@ class Engine:
         self._fault("forward")
         self._fault("hang")
         logits = self.runner.execute(out)  # check (at record time) + execute
-        sampling = [item.seq for item in out.scheduled if item.samples]
+        scheduled = zip(self.scheduler.seqs_of(out), out.scheduled, strict=True)
+        sampling = [seq for seq, item in scheduled if item.samples]
         mask = self._step_mask(sampling)
         rows = [_sample_row(s) for s in sampling]
         self._fault("sampler")

@@ -14,7 +14,6 @@ from nanoserve.core import (
     BucketSet,
     DecodePlan,
     DecodeSeq,
-    PrefillChunk,
     bucket_decode,
     plan_decode,
     plan_prefill,
@@ -76,12 +75,7 @@ class ModelRunner:
         """Logits [rows that sample, vocab], in the order of out.scheduled."""
         if out.is_decode_only:
             return self._decode(out)
-        chunks = []
-        for item in out.scheduled:
-            seq = item.seq
-            start = seq.num_computed
-            tokens = seq.token_ids()[start : start + item.num_new]
-            chunks.append(PrefillChunk(seq.seq_id, tuple(tokens), start, seq.block_table))
+        chunks = [item.chunk for item in out.scheduled]
         plan = plan_prefill(chunks, sink_slot=self.sink_slot, device=self.pool.device)
         logits = self.model.forward(plan, self.pool.view(plan.seq_ids))  # [chunks, vocab]
         sampling = [i for i, item in enumerate(out.scheduled) if item.samples]
@@ -89,8 +83,8 @@ class ModelRunner:
 
     def plan_decode_step(self, out: SchedulerOutput) -> DecodePlan:
         seqs = [
-            DecodeSeq(s.seq.seq_id, s.seq.token_ids()[-1], s.seq.num_computed, s.seq.block_table)
-            for s in out.scheduled
+            DecodeSeq(c.seq_id, c.token_ids[0], c.start_pos, c.block_table)
+            for c in (item.chunk for item in out.scheduled)
         ]
         if self.inputs is not None and self.buckets is not None:
             # Planned on the host, moved in one copy (persistent inputs).

@@ -18,7 +18,7 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from nanoserve.core import PrefillBudget
+from nanoserve.core import PrefillBudget, PrefillChunk
 from nanoserve.core.errors import NanoserveError
 from nanoserve.runtime.engine.block_manager import BlockManager
 from nanoserve.runtime.engine.sequence import Sequence, Status
@@ -30,13 +30,26 @@ class QueueFullError(NanoserveError):
 
 @dataclass(frozen=True, slots=True)
 class ScheduledSeq:
-    seq: Sequence
-    num_new: int  # tokens computed this step, from seq.num_computed on
+    """One row of a step, as data: what the runner computes, and no live sequence."""
+
+    chunk: PrefillChunk  # seq_id, the tokens computed this step (a decode: the last sampled
+    # one), the position of the first (the sequence's computed count), and its block table
+    samples: bool  # the chunk reaches the sequence's last token: its logits give the next one
 
     @property
-    def samples(self) -> bool:
-        """This chunk reaches the sequence's last token, so its logits give the next one."""
-        return self.seq.num_computed + self.num_new == self.seq.num_tokens
+    def seq_id(self) -> int:
+        return self.chunk.seq_id
+
+    @property
+    def num_new(self) -> int:
+        return len(self.chunk.token_ids)
+
+
+def schedule_seq(seq: Sequence, num_new: int) -> ScheduledSeq:
+    """seq's next num_new tokens, copied alone (never its whole token list)."""
+    start = seq.num_computed
+    chunk = PrefillChunk(seq.seq_id, seq.tokens(start, start + num_new), start, seq.block_table)
+    return ScheduledSeq(chunk, start + num_new == seq.num_tokens)
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,7 +121,7 @@ class Scheduler:
                 continue
             if not self._reserve(seq, num_new, scheduled, preempted):
                 break  # seq itself was preempted: it was the newest
-            scheduled.append(ScheduledSeq(seq, num_new))
+            scheduled.append(schedule_seq(seq, num_new))
             budget -= num_new
             if prompt:
                 prompt_budget -= num_new
@@ -161,7 +174,7 @@ class Scheduler:
             self.waiting.popleft()
             seq.status = Status.RUNNING
             self.running.append(seq)
-            scheduled.append(ScheduledSeq(seq, num_new))
+            scheduled.append(schedule_seq(seq, num_new))
             budget -= num_new
 
     def _sibling_cached(self, seq_id: int) -> bool:
@@ -171,16 +184,21 @@ class Scheduler:
                 return seq.num_computed >= len(seq.prompt_ids)
         return True  # finished, aborted or preempted: nothing to wait for
 
+    def seqs_of(self, out: SchedulerOutput) -> list[Sequence]:
+        """The running sequences of out's rows, in its order (a step's rows stay running until
+        it is committed)."""
+        running = {seq.seq_id: seq for seq in self.running}
+        return [running[item.seq_id] for item in out.scheduled]
+
     def commit(self, out: SchedulerOutput) -> None:
-        """After a step: advance computed counts, cache full blocks, retire finished ones."""
-        for item in out.scheduled:
-            seq = item.seq
-            if seq.finished:
-                continue
+        """After a step: advance computed counts, cache blocks that became full."""
+        block_size = self.blocks.block_size
+        for seq, item in zip(self.seqs_of(out), out.scheduled, strict=True):
             seq.num_computed += item.num_new
-            self.blocks.cache_full_blocks(
-                seq.block_table, seq.token_ids(), seq.num_computed, seq.block_hashes
-            )
+            if seq.num_computed // block_size > len(seq.block_hashes):  # a block filled up
+                self.blocks.cache_full_blocks(
+                    seq.block_table, seq.token_ids(), seq.num_computed, seq.block_hashes
+                )
 
     def finish(self, seq: Sequence) -> None:
         """Free a finished or aborted sequence at once."""

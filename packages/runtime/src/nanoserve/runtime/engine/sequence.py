@@ -86,7 +86,15 @@ class Sequence:
         return self.status is Status.FINISHED
 
     def token_ids(self) -> list[int]:
+        """Prompt and output, copied: for admission and block hashing, not every step."""
         return self.prompt_ids + self.output_ids
+
+    def tokens(self, start: int, end: int) -> tuple[int, ...]:
+        """Positions [start, end) of prompt then output, copying only those."""
+        prompt = len(self.prompt_ids)
+        head = self.prompt_ids[start:end] if start < prompt else []
+        tail = self.output_ids[max(start - prompt, 0) : end - prompt] if end > prompt else []
+        return (*head, *tail)
 
     def append(self, token_id: int, logprob: float | None, top: tuple | None) -> None:
         """Take a sampled token; finish on eos, a stop token, a stop string, max_tokens, or a
