@@ -26,7 +26,6 @@ from typing import Any, NamedTuple
 from nanoserve.core.errors import NanoserveError
 from nanoserve.runtime.engine.engine import Engine, RequestError
 from nanoserve.runtime.engine.engine_status import EngineStatus
-from nanoserve.runtime.engine.faults import FaultyTokenizer
 from nanoserve.runtime.engine.sampling_params import SamplingParams
 from nanoserve.runtime.engine.scheduler import QueueFullError
 from nanoserve.runtime.engine.sequence import Delta
@@ -167,7 +166,6 @@ class AsyncEngine:
         self._behind: set[str] = set()  # requests aborted for it (their later deltas dropped)
         self._samples: dict[str, int] = {}  # n of each request in flight
         self.dead: str | None = None  # why the engine died; None while it lives
-        self._faulty: FaultyTokenizer | None = None  # NANOSERVE_FAULT=tokenizer@N
         self.on_fatal: Callable[[BaseException], None] | None = None
         self._inbox: deque[Message] = deque()
         self._streams: dict[str, asyncio.Queue[Delta | BaseException]] = {}
@@ -227,12 +225,7 @@ class AsyncEngine:
         return self.engine.config.max_model_len
 
     @property
-    def tokenizer(self) -> Tokenizer | FaultyTokenizer:
-        faults = self.engine.faults
-        if faults is not None and faults.kind == "tokenizer":
-            if self._faulty is None:
-                self._faulty = FaultyTokenizer(self.engine.tokenizer, faults)
-            return self._faulty
+    def tokenizer(self) -> Tokenizer:
         return self.engine.tokenizer
 
     def render_chat(self, messages: Sequence[Mapping[str, Any]], **extra: object) -> str:

@@ -10,11 +10,13 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 from nanoserve.core import Shape
 from nanoserve.runtime.decode.warmup import WarmEstimate, WarmPlan, WarmupReport, check_cancelled
 from nanoserve.runtime.engine.engine import Engine
+from nanoserve.runtime.engine.faults import FaultPlan, FaultyEngine
 from nanoserve.runtime.engine.sampling_params import SamplingParams
 from nanoserve.runtime.engine_config import EngineConfig
 from nanoserve.runtime.errors import ChatTemplateError
@@ -85,7 +87,8 @@ def build_engine(
     name = config.served_model_name or (
         Path(config.model).name if config.model else "SmolLM2-135M-Instruct"
     )
-    engine = Engine(
+    faults = FaultPlan.from_env()  # tests only (NANOSERVE_FAULT): an engine that fails on cue
+    engine = (Engine if faults is None else partial(FaultyEngine, faults=faults))(
         model,
         checkpoint.tokenizer,
         resolved,

@@ -31,10 +31,9 @@ from nanoserve.runtime.decode.warmup import (
 )
 from nanoserve.runtime.engine.block_manager import BlockManager, PrefixCacheStats
 from nanoserve.runtime.engine.engine_status import EngineStatus, PrefixCacheCounts
-from nanoserve.runtime.engine.faults import FaultPlan
 from nanoserve.runtime.engine.prefill_timing import resolve_prefill_budget
 from nanoserve.runtime.engine.runner import ModelRunner
-from nanoserve.runtime.engine.sampler import SampleRow, sample
+from nanoserve.runtime.engine.sampler import SampleResult, SampleRow, sample
 from nanoserve.runtime.engine.sampling_params import SamplingParams
 from nanoserve.runtime.engine.scheduler import Scheduler, SchedulerOutput
 from nanoserve.runtime.engine.sequence import Delta, Sequence, Status
@@ -121,8 +120,6 @@ class Engine:
         self.prompt_tokens = 0
         self.generation_tokens = 0
         self.num_steps = 0
-        self.faults = FaultPlan.from_env()  # tests only: NANOSERVE_FAULT
-        self._attempts = 0  # steps begun, counted for the fault plan
         # Unseeded sampling draws from the engine's own generator, never the process's.
         self.generator = torch.Generator(device=model.device).manual_seed(config.seed)
 
@@ -234,28 +231,34 @@ class Engine:
 
     @torch.inference_mode()
     def step(self) -> list[Delta]:
-        self._attempts += 1
-        self._fault("alloc")
-        out = self.scheduler.schedule()  # plan
-        for seq_id in out.preempted:
-            self.runner.release(seq_id)
+        out = self._plan()
         if not out.scheduled:
             return []
-        self._fault("forward")
-        self._fault("hang")
-        logits = self.runner.execute(out)  # check (at record time) + execute
+        logits = self._execute(out)  # checked (at record time) and run
+        sampling, result = self._sample(out, logits)
+        return self._commit(out, sampling, result)
+
+    # The phases of a step, each a method so that a test's engine (faults.py) can wrap one.
+
+    def _plan(self) -> SchedulerOutput:
+        out = self.scheduler.schedule()
+        for seq_id in out.preempted:
+            self.runner.release(seq_id)
+        return out
+
+    def _execute(self, out: SchedulerOutput) -> torch.Tensor:
+        return self.runner.execute(out)  # [rows that sample, vocab]
+
+    def _sample(
+        self, out: SchedulerOutput, logits: torch.Tensor
+    ) -> tuple[list[Sequence], SampleResult]:
         scheduled = zip(self.scheduler.seqs_of(out), out.scheduled, strict=True)
         sampling = [seq for seq, item in scheduled if item.samples]
         mask = self._step_mask(sampling)
         rows = [_sample_row(s) for s in sampling]
-        self._fault("sampler")
-        result = sample(logits, rows, self.generator, mask)  # sample
+        result = sample(logits, rows, self.generator, mask)
         self.num_steps += 1
-        return self._commit(out, sampling, result)  # commit
-
-    def _fault(self, kind: str) -> None:
-        if self.faults is not None:
-            self.faults.hit(kind, self._attempts)
+        return sampling, result
 
     def _step_mask(self, sampling: list[Sequence]) -> StepMask | None:
         """The grammar masks of this step's constrained rows (None when no row is)."""
@@ -263,7 +266,9 @@ class Engine:
             [(i, s.grammar) for i, s in enumerate(sampling) if s.grammar is not None]
         )
 
-    def _commit(self, out: SchedulerOutput, sampling: list[Sequence], result) -> list[Delta]:
+    def _commit(
+        self, out: SchedulerOutput, sampling: list[Sequence], result: SampleResult
+    ) -> list[Delta]:
         self.scheduler.commit(out)
         deltas = []
         for i, seq in enumerate(sampling):
