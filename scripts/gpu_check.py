@@ -66,7 +66,7 @@ from benchmarks.decode_step import (  # noqa: E402
 )
 from nanoserve.core import Shape, warm_shapes  # noqa: E402
 from nanoserve.runtime.decode.warmup import warm_batch  # noqa: E402
-from nanoserve.runtime.engine.build import warm  # noqa: E402
+from nanoserve.runtime.engine.build import warm_engine  # noqa: E402
 from nanoserve.runtime.engine.engine import Engine  # noqa: E402
 from nanoserve.runtime.engine.sampling_params import SamplingParams  # noqa: E402
 from nanoserve.runtime.engine_config import EngineConfig  # noqa: E402
@@ -591,7 +591,7 @@ def check_default_warm(
     )
     engine = Engine.from_config(model, tokenizer, config)
     said: list[str] = []
-    warm_report = warm(engine, say=said.append)
+    warm_report = warm_engine(engine, say=said.append)
     for line in said:
         report.say(f"  {line}")
     assert engine.runner.graphs is not None

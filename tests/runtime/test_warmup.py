@@ -64,7 +64,7 @@ def test_an_empty_selection_is_legal_only_where_a_warm_batch_reaches(tiny_llama_
         engine.pool.view(())  # a scheduled view over no rows
     with pytest.raises(GeometryError, match="pad_rows > 0"):
         engine.runner.graphs.table.read((), 0, 16)
-    assert engine.pool.warm().seq_ids == ()
+    assert engine.pool.empty_rows().seq_ids == ()
 
 
 def test_warm_list_is_recorded_biggest_first(tiny_llama_dir: Path) -> None:
@@ -146,7 +146,7 @@ def test_warm_gates_fail_on_a_warm_batch_built_wrong(tiny_llama_dir: Path) -> No
     # Rows not empty trips the capture gate's sink clause too.
     with pytest.raises(PadNotInertError):
         engine.runner.graphs.record(
-            replace(plan, seq_ids=(7,), pad_rows=1), engine.pool.warm(), cold=False
+            replace(plan, seq_ids=(7,), pad_rows=1), engine.pool.empty_rows(), cold=False
         )
     with pytest.raises(ColdCaptureError):
         check_no_cold_captures(1)

@@ -79,7 +79,7 @@ def trace_recorded_steps(
         for shape in shapes:
             plan = buffers.load(padding_plan(shape.rows, shape.width, table=table))
             with capture_guard(TRACE_DEVICE) as guard:
-                graphs.step(plan, pool.warm())
+                graphs.step(plan, pool.empty_rows())
             ops += guard.num_ops
             traced.append(shape)
     return StepTrace(tuple(traced), ops)

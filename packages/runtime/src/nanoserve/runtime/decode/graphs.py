@@ -309,7 +309,7 @@ class DecodeGraphs:
         if self.warmed:
             self.num_eager_fallback += 1
             return self._model_step(plan, cache)
-        return self.record(plan, cache.pool.warm(), cold=True)
+        return self.record(plan, cache.pool.empty_rows(), cold=True)
 
     def stats(self) -> GraphStats:
         pool = self.backend.pool_bytes()

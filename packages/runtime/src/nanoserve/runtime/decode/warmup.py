@@ -183,7 +183,7 @@ def warm_batch(graphs: DecodeGraphs, pool: KVPool, shape: Shape) -> WarmBatch:
     """The all-padding plan for shape, written into the recordings' real buffers, over no rows."""
     plan = padding_plan(shape.rows, shape.width, table=graphs.table)
     plan = graphs.buffers.load(plan)  # made-up tokens: id 0 at position 0, masked anyway
-    return WarmBatch(plan, pool.warm())
+    return WarmBatch(plan, pool.empty_rows())
 
 
 def record_shape(
@@ -261,7 +261,7 @@ def price_warm(
     )
 
 
-def warm(
+def record_warm_list(
     graphs: DecodeGraphs,
     pool: KVPool,
     plan: WarmPlan,

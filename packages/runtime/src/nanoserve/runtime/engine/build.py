@@ -112,7 +112,7 @@ def build_engine(
     )
     if resolved.decode_mode.recorded and resolved.warm:
         check_cancelled(cancel, "before the warm-up")
-        warm(engine, say, cancel)
+        warm_engine(engine, say, cancel)
     check_cancelled(cancel, "before the first forward")
     say("running one real forward")
     first_forward(engine)
@@ -120,7 +120,7 @@ def build_engine(
     return engine
 
 
-def warm(
+def warm_engine(
     engine: Engine,
     say: Callable[[str], None] = log.info,
     cancel: threading.Event | None = None,

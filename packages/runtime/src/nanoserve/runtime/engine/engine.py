@@ -27,7 +27,7 @@ from nanoserve.runtime.decode.warmup import (
     WarmPlan,
     WarmupReport,
     plan_warm,
-    warm,
+    record_warm_list,
 )
 from nanoserve.runtime.engine.block_manager import BlockManager, PrefixCacheStats
 from nanoserve.runtime.engine.engine_status import EngineStatus, PrefixCacheCounts
@@ -324,7 +324,7 @@ class Engine:
         graphs = self.runner.graphs
         if graphs is None:
             raise EngineConfigError("a warm-up needs decode_mode='recorded'")
-        report = warm(
+        report = record_warm_list(
             graphs,
             self.pool,
             plan or self.plan_warm(),

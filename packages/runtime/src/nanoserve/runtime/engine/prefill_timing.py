@@ -41,7 +41,7 @@ def measure_prefill_budget(
     chunk = max(1, min(64, max_tokens, max_positions))
 
     def forward(plan: DecodePlan | PrefillPlan) -> Callable[[], object]:
-        return lambda: model.forward(plan, pool.warm())
+        return lambda: model.forward(plan, pool.empty_rows())
 
     one_row_s = _fastest(forward(padding_decode(1, sink, model.device)))
     rows_s = _fastest(forward(padding_decode(rows, sink, model.device)))

@@ -105,12 +105,12 @@ class KVPool:
 
     def view(self, seq_ids: tuple[int, ...]) -> CacheRows:
         """The cache as a scheduled step sees it. A scheduled view over no rows is a forward
-        with nothing in it, so it is refused; the warm-up says what it means with `warm()`."""
+        with nothing in it, so it is refused; the warm-up says what it means with `empty_rows()`."""
         if not seq_ids:
             raise EmptySelectionError("a scheduled cache view needs at least one row")
         return CacheRows(self, seq_ids)
 
-    def warm(self) -> CacheRows:
+    def empty_rows(self) -> CacheRows:
         """The empty selection: "the rows this plan addresses", which on a warm plan is none."""
         return CacheRows(self, ())
 
