@@ -7,7 +7,7 @@ On a CPU the recorded mode is a frozen call (no speed of its own, so replay is ~
 a GPU it is a CUDA graph. Mode table: `rows` sequences whose contexts are near `context` tokens,
 median ms of --steps decode steps, and the ratio to eager measured in the same run. Forward
 table: one warm batch (all rows padding, the real buffers and slot table) of (rows, width),
-`model.forward` against `graphs.replay` of that shape's recording; CUDA events on a GPU, the
+`model.forward` against `recordings.replay` of that shape's recording; CUDA events on a GPU, the
 median of wall times on a CPU. scripts/gpu_check.py reuses `forward_ms` for its own table.
 """
 
@@ -75,22 +75,22 @@ def forward_ms(
 
     The engine must capture and be idle (a warm batch writes the real buffers). Shapes it has
     not recorded are warmed first, biggest first, as the warm-up would."""
-    graphs = engine.runner.graphs
-    if graphs is None:
+    recordings = engine.runner.recordings
+    if recordings is None:
         raise ValueError("forward_ms needs an engine with decode_mode='recorded'")
     device = engine.model.device
     shapes = tuple(Shape(r, width) for r in sorted(set(rows), reverse=True))
-    unrecorded = tuple(s for s in shapes if s not in graphs.recordings)
+    unrecorded = tuple(s for s in shapes if s not in recordings.by_shape)
     if unrecorded:
         warm_exactly(engine, unrecorded)
     out: list[dict[str, object]] = []
     with torch.inference_mode():
         for num_rows in rows:
-            batch = warm_batch(graphs, engine.pool, Shape(num_rows, width))
+            batch = warm_batch(recordings, engine.pool, Shape(num_rows, width))
             eager = timed_ms(
                 partial(engine.model.forward, batch.plan, batch.cache), repeats, device
             )
-            replay = timed_ms(partial(graphs.replay, batch.plan), repeats, device)
+            replay = timed_ms(partial(recordings.replay, batch.plan), repeats, device)
             out.append(
                 {
                     "rows": num_rows,
@@ -191,7 +191,7 @@ def main() -> None:
     print(
         table(
             forward,
-            f"decode forward, eager vs replay ({engine.runner.graphs.backend.name}),"
+            f"decode forward, eager vs replay ({engine.runner.recordings.backend.name}),"
             f" {where}, {timer}",
         )
     )

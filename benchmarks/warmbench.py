@@ -99,7 +99,7 @@ def host_row(model: LlamaModel, tokenizer: Tokenizer, generated: int) -> dict[st
         )
 
     def run(e: Engine) -> int:
-        before = e.runner.graphs.num_cold
+        before = e.runner.recordings.num_cold
         for i in range(2):
             e.add_request(
                 f"r{i}",
@@ -107,7 +107,7 @@ def host_row(model: LlamaModel, tokenizer: Tokenizer, generated: int) -> dict[st
                 SamplingParams(max_tokens=generated, temperature=0, ignore_eos=True),
             )
         e.run_until_done()
-        return e.runner.graphs.num_cold - before
+        return e.runner.recordings.num_cold - before
 
     cold = run(engine())
     warmed = engine()

@@ -357,14 +357,14 @@ def _short(filename: str) -> str:
 
 def replay_is_sync_free(engine: Engine, shape: Shape) -> bool:
     """Replay one recording with sync debug mode at "error": any sync inside raises."""
-    graphs = engine.runner.graphs
-    assert graphs is not None
-    batch = warm_batch(graphs, engine.pool, shape)
+    recordings = engine.runner.recordings
+    assert recordings is not None
+    batch = warm_batch(recordings, engine.pool, shape)
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
         with torch.inference_mode():
-            graphs.replay(batch.plan)
+            recordings.replay(batch.plan)
         return True
     except RuntimeError as error:
         if SYNC_WARNING not in str(error):
@@ -447,12 +447,12 @@ def check_tokens(report: Report, model: LlamaModel, tokenizer: Tokenizer, sizes:
     }
     config = EngineConfig(**base, decode_mode="recorded", warm_seconds=EXPLICIT_WARM_SECONDS)
     engine = Engine.from_config(model, tokenizer, config)
-    graphs, buckets = engine.runner.graphs, engine.runner.buckets
-    assert graphs is not None and buckets is not None
+    recordings, buckets = engine.runner.recordings, engine.runner.buckets
+    assert recordings is not None and buckets is not None
     warm_report = warm_exactly(engine, warm_shapes(buckets))
-    before = graphs.stats()
+    before = recordings.stats()
     tokens["recorded"] = run_workload(engine, arrivals)
-    after = graphs.stats()
+    after = recordings.stats()
     new_recordings = after.recordings - before.recordings
     cold = after.cold_recordings
     num_tokens = sum(map(len, tokens["eager"].values()))
@@ -517,8 +517,8 @@ def time_dtype(
     recorded = Engine.from_config(model, tokenizer, config)
     eager = Engine.from_config(model, tokenizer, EngineConfig(**base))
     warm_report = warm_exactly(recorded, warm_shapes(recorded.runner.buckets))  # type: ignore[arg-type]
-    graphs = recorded.runner.graphs
-    assert graphs is not None
+    recordings = recorded.runner.recordings
+    assert recordings is not None
 
     forward = forward_ms(recorded, sizes.rows, sizes.width, sizes.repeats)
     for row in forward:
@@ -557,7 +557,7 @@ def time_dtype(
         row["speedup"] = row["eager_step_ms"] / row["recorded_step_ms"]
         steps.append(row)
     report.data.setdefault("step", []).extend(steps)
-    stats = graphs.stats()
+    stats = recordings.stats()
     if stats.recordings != warm_report.num_recorded:
         report.fail(f"{dtype}: the timing engine recorded after its warm-up: {stats.as_dict()}")
     report.say(
@@ -594,8 +594,8 @@ def check_default_warm(
     warm_report = warm_engine(engine, say=said.append)
     for line in said:
         report.say(f"  {line}")
-    assert engine.runner.graphs is not None
-    stats = engine.runner.graphs.stats()
+    assert engine.runner.recordings is not None
+    stats = engine.runner.recordings.stats()
     buckets = engine.runner.buckets
     assert buckets is not None
     result = {

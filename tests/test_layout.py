@@ -229,7 +229,7 @@ def test_nanoserve_imports_as_a_namespace() -> None:
         ("import torch.cuda\n", "line 1: imports torch.cuda (reaches torch.cuda)"),
         ("import torch.cuda as tc\n", "line 1: imports torch.cuda (reaches torch.cuda)"),
         ("from torch import cuda\n", "line 1: imports torch.cuda (reaches torch.cuda)"),
-        ("from torch.cuda import graphs\n", "line 1: imports torch.cuda (reaches torch.cuda)"),
+        ("from torch.cuda import recordings\n", "line 1: imports torch.cuda (reaches torch.cuda)"),
         (
             "import torch\n\nok = torch.cuda.is_available()\n",
             "line 3: references torch.cuda.is_available (reaches torch.cuda)",

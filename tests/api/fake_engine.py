@@ -23,7 +23,7 @@ import torch
 
 from nanoserve.api.engine_client import EngineClient
 from nanoserve.core import KVPoolPlan
-from nanoserve.runtime.decode.graphs import GraphStats
+from nanoserve.runtime.decode.recordings import RecordingStats
 from nanoserve.runtime.decode.warmup import WarmupReport
 from nanoserve.runtime.engine.async_engine import RequestTimes
 from nanoserve.runtime.engine.engine_status import EngineStatus, PrefixCacheCounts
@@ -127,7 +127,7 @@ class FakeEngine:
     script: Script | None = None  # replaces the replies: (request id, prompt ids, params)
     refusals: list[BaseException | None] = field(default_factory=list)  # next submits', in turn
     warm: WarmupReport | None = None
-    graphs: GraphStats | None = None
+    recordings: RecordingStats | None = None
     status_fields: dict[str, Any] = field(default_factory=dict)  # overrides in status()
     num_pending: int = 0
     room: int | None = None  # samples the waiting queue still takes; None: no bound
@@ -217,7 +217,7 @@ class FakeEngine:
             kernels="float32 torch/mkl",
             weights=None,
             weight_fallbacks=None,
-            decode_mode="eager" if self.graphs is None else "recorded",
+            decode_mode="eager" if self.recordings is None else "recorded",
             prefill_budget=None,
             max_model_len=self.max_model_len,
             ready_seconds=0.25,
@@ -225,7 +225,7 @@ class FakeEngine:
             blocks_in_use=0,
             kv_cache_usage=0.0,
             warm=self.warm,
-            graphs=self.graphs,
+            recordings=self.recordings,
             running=0,
             waiting=0,
             waiting_requests=0,

@@ -15,7 +15,7 @@ from nanoserve.api.settings import ServerSettings
 from nanoserve.api.state import ServerState
 from nanoserve.core import Shape
 from nanoserve.core.warm_list import RecordingCost
-from nanoserve.runtime.decode.graphs import GraphStats
+from nanoserve.runtime.decode.recordings import RecordingStats
 from nanoserve.runtime.decode.warmup import WarmEstimate, WarmPlan, WarmupCancelled, WarmupReport
 from nanoserve.runtime.engine_config import EngineConfig
 from tests.api.fake_engine import FakeEngine
@@ -35,7 +35,7 @@ KV_POOL = {  # fake_engine.POOL: 8 blocks of 16 slots, 2 layers x 2 heads x 16 d
     "bytes_per_block": 16 * 2 * 2 * 2 * 16 * 4,
     "total_bytes": 129 * 2 * 2 * 2 * 16 * 4,
 }
-GRAPHS = GraphStats(
+GRAPHS = RecordingStats(
     backend="frozen-call",
     recordings=3,
     cold_recordings=0,
@@ -101,7 +101,7 @@ async def test_health_names_the_weight_types_served() -> None:
 
 
 async def test_health_reports_the_warm_up_and_the_recordings() -> None:
-    fake = FakeEngine(warm=REPORT, graphs=GRAPHS)
+    fake = FakeEngine(warm=REPORT, recordings=GRAPHS)
     async with fake_server(fake) as (client, _):
         body = (await client.get("/health")).json()
     assert body["decode_mode"] == "recorded"

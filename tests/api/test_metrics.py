@@ -15,7 +15,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from nanoserve.runtime.decode.graphs import GraphStats
+from nanoserve.runtime.decode.recordings import RecordingStats
 from nanoserve.runtime.engine.engine_status import PrefixCacheCounts
 from tests.api.fake_engine import FakeEngine
 from tests.api.fake_server import fake_server
@@ -106,7 +106,7 @@ async def test_metric_values_are_the_engine_status() -> None:
 
 @pytest.mark.anyio
 async def test_graph_metrics_are_the_recordings_counters() -> None:
-    graphs = GraphStats(
+    recordings = RecordingStats(
         backend="cuda-graph",
         recordings=24,
         cold_recordings=1,
@@ -118,7 +118,7 @@ async def test_graph_metrics_are_the_recordings_counters() -> None:
         pool_bytes=1 << 26,
         pool_sharing_ratio=2.5,
     )
-    async with fake_server(FakeEngine(graphs=graphs)) as (client, _):
+    async with fake_server(FakeEngine(recordings=recordings)) as (client, _):
         series = engine_series((await client.get("/metrics")).text)
     assert {k: series[k] for k in ZERO_GRAPHS} == {
         "nanoserve:graph_recordings_total": 24.0,

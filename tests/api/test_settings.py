@@ -52,11 +52,11 @@ def test_capture_and_another_mode_contradict() -> None:
 
 
 def test_an_unknown_mode_is_one_line_and_exit_1(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["serve", "--decode-mode", "graphs", "--port", "1"]) == EXIT_FAILED
+    assert main(["serve", "--decode-mode", "recordings", "--port", "1"]) == EXIT_FAILED
     assert capsys.readouterr() == (
         "",
         "nanoserve: decode_mode must be one of eager, bucketed, persistent, recorded,"
-        " got 'graphs'\n",
+        " got 'recordings'\n",
     )
 
 

@@ -80,4 +80,4 @@ def test_health_is_503_while_warming_then_reports_the_warm_plan() -> None:
         process.send_signal(signal.SIGTERM)
         output = process.communicate(timeout=60)[0]
     assert process.returncode == 0, output
-    assert "graphs=24 (frozen-call, est " in output and "0 by memory, 0 by time)" in output
+    assert "recordings=24 (frozen-call, est " in output and "0 by memory, 0 by time)" in output

@@ -26,7 +26,7 @@ def boot(model_dir: Path, **config: object) -> tuple[object, list[str]]:
 def test_eager_boot_line(tiny_llama_dir: Path) -> None:
     engine, lines = boot(tiny_llama_dir)
     assert lines[-1].startswith("nanoserve ready: model=")
-    assert "dtype=float32 device=cpu" in lines[-1] and "graphs=" not in lines[-1]
+    assert "dtype=float32 device=cpu" in lines[-1] and "recordings=" not in lines[-1]
     # The boot request left no trace: counters reset, every block free.
     assert engine.status().generation_tokens == 0 and engine.blocks.num_in_use == 0
 
@@ -42,7 +42,7 @@ def test_capture_boot_warms_the_trimmed_list(tiny_llama_dir: Path) -> None:
     )
     report = engine.warm_report
     assert report is not None and report.num_recorded == 2 * 2  # rows 1, 2 x widths 16, 32
-    assert "graphs=4 (frozen-call, est " in lines[-1]
+    assert "recordings=4 (frozen-call, est " in lines[-1]
     assert "skipped 0 by memory, 0 by time)" in lines[-1]
     # The report carries its plan: the limits and both budgets (/health reads them off it).
     plan, estimate = report.plan, report.estimate
@@ -60,12 +60,12 @@ def test_capture_boot_warms_the_trimmed_list(tiny_llama_dir: Path) -> None:
     assert "s/shape measured at 1x16 and 2x32); time budget 30 s, memory ceiling " in warming
     assert warming.endswith(" tokens, 0 skipped")
     assert engine.pool.resident
-    assert engine.runner.graphs is not None and engine.runner.graphs.num_cold == 0
+    assert engine.runner.recordings is not None and engine.runner.recordings.num_cold == 0
 
 
 def test_lazy_capture_boot_records_nothing(tiny_llama_dir: Path) -> None:
     engine, lines = boot(tiny_llama_dir, decode_mode="recorded", warm=False)
-    assert engine.warm_report is None and "graphs=lazy" in lines[-1]
+    assert engine.warm_report is None and "recordings=lazy" in lines[-1]
 
 
 def test_bad_model_path_is_one_clear_error(tmp_path: Path) -> None:
@@ -91,7 +91,7 @@ def test_a_tiny_time_budget_warms_nothing_and_says_why(tiny_llama_dir: Path) -> 
     # rows 1, 2, 4 x widths 32, 64: every width is over the budget.
     assert report.num_recorded == 0 and report.num_over_time == 6 and report.max_width == 0
     assert {why for _, why in report.skipped} == {"over the time budget of 1e-06 s"}
-    assert Shape(4, 64) not in engine.runner.graphs.recordings  # the probe, dropped
+    assert Shape(4, 64) not in engine.runner.recordings.by_shape  # the probe, dropped
     (warming,) = (line for line in lines if line.startswith("warming"))
     assert warming.startswith("warming 0 decode shapes (rows <= 4, width <= 0): estimated ")
     assert "time budget 1e-06 s" in warming and ", 6 skipped; probe 4x64 (" in warming

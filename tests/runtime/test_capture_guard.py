@@ -104,7 +104,7 @@ def test_the_warm_up_refuses_a_planted_attention(
     monkeypatch.setattr(kv_pool, "paged_decode_attention", planted)
     with pytest.raises(error):
         warm(engine, (Shape(2, 16),))
-    assert not engine.runner.graphs.recordings
+    assert not engine.runner.recordings.by_shape
 
 
 def test_a_lazy_recording_runs_under_the_guard(

@@ -10,7 +10,7 @@ import torch
 
 from nanoserve.core import DecodeBuffers, warm_shapes
 from nanoserve.core.capture_gates import AddressesMovedError
-from nanoserve.runtime.decode.graphs import CudaGraphBackend
+from nanoserve.runtime.decode.recordings import CudaGraphBackend
 from nanoserve.runtime.engine.engine import Engine
 from nanoserve.runtime.engine.sampling_params import SamplingParams
 from nanoserve.runtime.engine_config import EngineConfig
@@ -41,9 +41,9 @@ def test_cuda_recordings_equal_the_same_shapes_run_eagerly(tiny_llama_dir: Path)
     """Same bucket shapes, same kernels: recorded and persistent-eager tokens are bit-identical."""
     persistent = run_joining_workload(cuda_engine(tiny_llama_dir, decode_mode="persistent"))
     engine = cuda_engine(tiny_llama_dir, decode_mode="recorded")
-    assert isinstance(engine.runner.graphs.backend, CudaGraphBackend)
+    assert isinstance(engine.runner.recordings.backend, CudaGraphBackend)
     assert run_joining_workload(engine) == persistent
-    stats = engine.runner.graphs.stats()
+    stats = engine.runner.recordings.stats()
     assert stats.backend == "cuda-graph" and stats.replays > 0
 
 
@@ -62,15 +62,15 @@ def test_cuda_recordings_share_one_pool(tiny_llama_dir: Path) -> None:
         width_multiple=16,
         kv_budget_bytes=64 << 20,
     )
-    graphs = engine.runner.graphs
-    assert graphs is not None
+    recordings = engine.runner.recordings
+    assert recordings is not None
     shapes = warm_shapes(engine.runner.buckets)
     warm(engine, shapes[:1])
-    first = graphs.stats().pool_bytes
+    first = recordings.stats().pool_bytes
     report = warm(engine, shapes[1:])
-    pool = graphs.stats().pool_bytes
+    pool = recordings.stats().pool_bytes
     assert report.num_recorded == len(shapes) - 1
-    assert len(graphs.recordings) == len(shapes) == 16
+    assert len(recordings.by_shape) == len(shapes) == 16
     assert 0 < first <= pool
     assert pool < engine.pool_plan.total_bytes, "pool bytes count the K/V pool"
     assert pool <= 2 * first, f"16 recordings took {pool} B, the first alone {first} B"
@@ -82,7 +82,7 @@ def test_cuda_warm_engine_makes_no_cold_recording(tiny_llama_dir: Path) -> None:
     engine = cuda_engine(tiny_llama_dir, **config)
     warm(engine, warm_shapes(engine.runner.buckets))
     assert run_joining_workload(engine) == lazy
-    assert engine.runner.graphs.num_cold == 0
+    assert engine.runner.recordings.num_cold == 0
 
 
 def test_cuda_moved_buffer_refuses_replay(tiny_llama_dir: Path) -> None:
@@ -92,9 +92,9 @@ def test_cuda_moved_buffer_refuses_replay(tiny_llama_dir: Path) -> None:
     )
     engine.step()
     engine.step()  # records
-    graphs = engine.runner.graphs
-    graphs.buffers = DecodeBuffers.allocate(
-        graphs.buffers.max_batch, engine.pool_plan.sink_slot, "cuda"
+    recordings = engine.runner.recordings
+    recordings.buffers = DecodeBuffers.allocate(
+        recordings.buffers.max_batch, engine.pool_plan.sink_slot, "cuda"
     )
     with pytest.raises(AddressesMovedError):
         engine.step()

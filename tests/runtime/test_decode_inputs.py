@@ -118,7 +118,7 @@ def test_a_decode_step_makes_one_copy_each_way(tiny_llama_dir: Path) -> None:
         engine.add_request(f"r{i}", [5 + i, 17, 3, 99], greedy)
     engine.step()  # the prefill (eager; planned with tensors of its own)
     assert count_decode_steps(engine, 4) == [(1, 1, 0, 1)] * 4
-    assert engine.runner.graphs.num_replays == 4
+    assert engine.runner.recordings.num_replays == 4
 
 
 def test_sampling_rows_add_one_parameter_copy(tiny_llama_dir: Path) -> None:

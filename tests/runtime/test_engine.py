@@ -600,7 +600,7 @@ def test_stats_count_exactly(make_tiny_engine) -> None:
     assert status.finished == {"length": 4} and status.steps > 0
     assert (status.running, status.waiting, status.blocks_in_use) == (0, 0, 0)
     assert status.pool == engine.pool_plan and status.kv_cache_usage == 0.0
-    assert (status.decode_mode, status.warm, status.graphs) == ("eager", None, None)
+    assert (status.decode_mode, status.warm, status.recordings) == ("eager", None, None)
     engine.reset_counters()
     assert engine.status().generation_tokens == 0
     assert engine.status().prefix_cache.queried_tokens == 0

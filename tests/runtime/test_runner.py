@@ -28,16 +28,16 @@ def test_modes_match_eager(tiny_llama_dir: Path, eager_tokens: dict, mode: str) 
 
 def shapes_used(engine: Engine) -> list[Shape]:
     """Run the joining workload, noting the bucket shape of every decode step."""
-    graphs = engine.runner.graphs
-    assert graphs is not None
+    recordings = engine.runner.recordings
+    assert recordings is not None
     seen: list[Shape] = []
-    run = graphs.run
+    run = recordings.run
 
     def noting(plan: DecodePlan, cache: CacheRows) -> torch.Tensor:
         seen.append(Shape(*plan.shape))
         return run(plan, cache)
 
-    graphs.run = noting  # type: ignore[method-assign]
+    recordings.run = noting  # type: ignore[method-assign]
     run_joining_workload(engine)
     return seen
 
@@ -47,12 +47,12 @@ def test_lazy_recordings_are_one_per_shape_not_per_row_set(tiny_llama_dir: Path)
     changed batch membership replays it. Recordings = shapes used, not steps."""
     engine = tiny_engine(tiny_llama_dir, decode_mode="recorded")
     used = shapes_used(engine)
-    graphs = engine.runner.graphs
-    assert graphs is not None
-    assert graphs.num_recorded == graphs.num_cold == len(set(used)) < len(used)
-    assert graphs.num_replays == len(used) - len(set(used))
-    assert all(r.seq_ids == () for r in graphs.recordings.values())
-    assert graphs.num_eager_fallback == 0
+    recordings = engine.runner.recordings
+    assert recordings is not None
+    assert recordings.num_recorded == recordings.num_cold == len(set(used)) < len(used)
+    assert recordings.num_replays == len(used) - len(set(used))
+    assert all(r.seq_ids == () for r in recordings.by_shape.values())
+    assert recordings.num_eager_fallback == 0
 
 
 def test_a_warmed_engine_runs_unlisted_shapes_eagerly(
@@ -63,14 +63,14 @@ def test_a_warmed_engine_runs_unlisted_shapes_eagerly(
     engine = tiny_engine(tiny_llama_dir, decode_mode="recorded")
     listed = warm_shapes(engine.runner.buckets, max_rows=2)
     warm(engine, listed)
-    graphs = engine.runner.graphs
-    assert graphs is not None
-    before = graphs.num_recorded
+    recordings = engine.runner.recordings
+    assert recordings is not None
+    before = recordings.num_recorded
     used = shapes_used(engine)
     outside = [s for s in used if s not in set(listed)]
-    assert outside and graphs.num_eager_fallback == len(outside)
-    assert graphs.num_recorded == before and graphs.num_cold == 0
-    assert graphs.num_replays == len(used) - len(outside)
+    assert outside and recordings.num_eager_fallback == len(outside)
+    assert recordings.num_recorded == before and recordings.num_cold == 0
+    assert recordings.num_replays == len(used) - len(outside)
     engine2 = tiny_engine(tiny_llama_dir, decode_mode="recorded")
     warm(engine2, listed)
     assert run_joining_workload(engine2) == eager_tokens

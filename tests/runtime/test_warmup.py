@@ -27,7 +27,7 @@ from nanoserve.core.warm_gates import (
     check_warm_writes_sink,
 )
 from nanoserve.core.warm_list import RecordingCost, fit_recording_cost, warm_estimate
-from nanoserve.runtime.decode.graphs import FrozenCallBackend, Guard, StepFn
+from nanoserve.runtime.decode.recordings import FrozenCallBackend, Guard, StepFn
 from nanoserve.runtime.decode.warmup import WarmEstimate, WarmupCancelled, warm_batch
 from nanoserve.runtime.engine.engine import Engine
 from nanoserve.runtime.engine.sampling_params import SamplingParams
@@ -48,14 +48,14 @@ def warmed(model_dir: Path, **config: object) -> Engine:
 
 def test_warm_batch_is_all_padding_on_the_real_storage(tiny_llama_dir: Path) -> None:
     engine = tiny_engine(tiny_llama_dir, **WARM, decode_mode="recorded")
-    graphs = engine.runner.graphs
-    batch = warm_batch(graphs, engine.pool, Shape(4, 32))
+    recordings = engine.runner.recordings
+    batch = warm_batch(recordings, engine.pool, Shape(4, 32))
     plan = batch.plan
     assert plan.seq_ids == () and plan.pad_rows == 4 and batch.cache.seq_ids == ()
     assert plan.write_slots.tolist() == [engine.pool_plan.sink_slot] * 4
     assert plan.context_lens.tolist() == [0, 0, 0, 0]
-    assert plan.slot_rect.data_ptr() == graphs.table.address
-    assert plan.input_ids.data_ptr() == graphs.buffers.input_ids.data_ptr()
+    assert plan.slot_rect.data_ptr() == recordings.table.address
+    assert plan.input_ids.data_ptr() == recordings.buffers.input_ids.data_ptr()
 
 
 def test_an_empty_selection_is_legal_only_where_a_warm_batch_reaches(tiny_llama_dir: Path) -> None:
@@ -63,7 +63,7 @@ def test_an_empty_selection_is_legal_only_where_a_warm_batch_reaches(tiny_llama_
     with pytest.raises(EmptySelectionError):
         engine.pool.view(())  # a scheduled view over no rows
     with pytest.raises(GeometryError, match="pad_rows > 0"):
-        engine.runner.graphs.table.read((), 0, 16)
+        engine.runner.recordings.table.read((), 0, 16)
     assert engine.pool.empty_rows().seq_ids == ()
 
 
@@ -75,8 +75,8 @@ def test_warm_list_is_recorded_biggest_first(tiny_llama_dir: Path) -> None:
     assert report.num_recorded == 12
     assert report.shapes[0] == Shape(4, 64) and report.shapes[-1] == Shape(1, 16)
     assert len(report.seconds) == 12 and report.total_seconds >= sum(report.seconds) * 0.99
-    graphs = engine.runner.graphs
-    assert graphs.num_cold == 0 and all(r.seq_ids == () for r in graphs.recordings.values())
+    recordings = engine.runner.recordings
+    assert recordings.num_cold == 0 and all(r.seq_ids == () for r in recordings.by_shape.values())
 
 
 def test_pool_is_resident_after_warmup(tiny_llama_dir: Path) -> None:
@@ -92,9 +92,9 @@ def test_warmed_tokens_equal_unwarmed_and_eager(tiny_llama_dir: Path) -> None:
     engine = warmed(tiny_llama_dir)
     warmed_tokens = run_joining_workload(engine)
     assert warmed_tokens == lazy == eager
-    graphs = engine.runner.graphs
-    check_no_cold_captures(graphs.num_cold)  # no recording in front of a client
-    assert graphs.num_replays > 0 and graphs.num_recorded == 12
+    recordings = engine.runner.recordings
+    check_no_cold_captures(recordings.num_cold)  # no recording in front of a client
+    assert recordings.num_replays > 0 and recordings.num_recorded == 12
 
 
 def test_a_warmed_run_across_many_widths_records_nothing(tiny_llama_dir: Path) -> None:
@@ -105,12 +105,12 @@ def test_a_warmed_run_across_many_widths_records_nothing(tiny_llama_dir: Path) -
         engine = tiny_engine(tiny_llama_dir, **config, decode_mode="recorded")
         if warmed_first:
             warm(engine, warm_shapes(engine.runner.buckets))
-        before = engine.runner.graphs.num_recorded
+        before = engine.runner.recordings.num_recorded
         for i in range(2):
             engine.add_request(f"w{i}", [20 + i] * 16, params)
         engine.run_until_done()
-        graphs = engine.runner.graphs
-        counts[warmed_first] = (graphs.num_cold, graphs.num_recorded - before)
+        recordings = engine.runner.recordings
+        counts[warmed_first] = (recordings.num_cold, recordings.num_recorded - before)
     assert counts[False] == (lazy_captures(16, 128, 8),) * 2 == (16, 16)
     assert counts[True] == (0, 0)
 
@@ -136,7 +136,7 @@ def test_warmup_touches_no_real_slot_with_live_kv_resident(tiny_llama_dir: Path)
 
 def test_warm_gates_fail_on_a_warm_batch_built_wrong(tiny_llama_dir: Path) -> None:
     engine = tiny_engine(tiny_llama_dir, **WARM, decode_mode="recorded")
-    plan = warm_batch(engine.runner.graphs, engine.pool, Shape(2, 16)).plan
+    plan = warm_batch(engine.runner.recordings, engine.pool, Shape(2, 16)).plan
     with pytest.raises(WarmRowsNotEmptyError):
         check_warm_rows_empty(replace(plan, seq_ids=(7,), pad_rows=1))
     aimed = plan.write_slots.clone()
@@ -145,7 +145,7 @@ def test_warm_gates_fail_on_a_warm_batch_built_wrong(tiny_llama_dir: Path) -> No
         check_warm_writes_sink(replace(plan, write_slots=aimed))
     # Rows not empty trips the capture gate's sink clause too.
     with pytest.raises(PadNotInertError):
-        engine.runner.graphs.record(
+        engine.runner.recordings.record(
             replace(plan, seq_ids=(7,), pad_rows=1), engine.pool.empty_rows(), cold=False
         )
     with pytest.raises(ColdCaptureError):
@@ -154,19 +154,19 @@ def test_warm_gates_fail_on_a_warm_batch_built_wrong(tiny_llama_dir: Path) -> No
 
 def test_a_moved_table_fails_the_warm_up(tiny_llama_dir: Path) -> None:
     engine = tiny_engine(tiny_llama_dir, **WARM, decode_mode="recorded")
-    graphs = engine.runner.graphs
-    moved: SlotTable = graphs.table.to("cpu")
-    original = graphs.table
+    recordings = engine.runner.recordings
+    moved: SlotTable = recordings.table.to("cpu")
+    original = recordings.table
 
     class MovingTable:
         """The table as the warm-up sees it: it moves once the list has been recorded."""
 
         def __getattr__(self, name: str) -> object:
             if name == "address":
-                return moved.address if graphs.num_recorded else original.address
+                return moved.address if recordings.num_recorded else original.address
             return getattr(original, name)
 
-    graphs.table = MovingTable()  # type: ignore[assignment]
+    recordings.table = MovingTable()  # type: ignore[assignment]
     with pytest.raises(TableMovedError):
         warm(engine, (Shape(1, 16),))
 
@@ -201,7 +201,7 @@ def test_budget_trims_the_widest_shapes(tiny_llama_dir: Path) -> None:
         match=rf"^shape Shape\(rows=4, width=64\) needs {needed} bytes at its peak; the budget is {budget}$",
     ):
         warm(engine, warm_shapes(engine.runner.buckets))
-    assert engine.runner.graphs.num_recorded == 0
+    assert engine.runner.recordings.num_recorded == 0
 
 
 # --- pricing, the time budget, and cancelling ----------------------------------------------------
@@ -228,7 +228,7 @@ def test_the_warm_up_is_priced_before_it_is_paid(tiny_llama_dir: Path) -> None:
     )
     assert report.total_seconds >= sum(report.seconds) > 0
     # The probes are recordings of the list, not made twice.
-    assert report.shapes == shapes and engine.runner.graphs.num_recorded == 12
+    assert report.shapes == shapes and engine.runner.recordings.num_recorded == 12
     assert (
         dict(zip(report.shapes, report.seconds, strict=True))[Shape(4, 64)]
         == (estimate.probes[0][1])
@@ -246,7 +246,7 @@ def test_a_tiny_time_budget_trims_every_width_and_drops_the_probes(tiny_llama_di
     assert report.skipped == tuple((s, "over the time budget of 1e-06 s") for s in shapes)
     assert report.num_over_time == 12
     # The two probes were recorded, then discarded: nothing outside the list is kept.
-    assert engine.runner.graphs.num_recorded == 2 and engine.runner.graphs.recordings == {}
+    assert engine.runner.recordings.num_recorded == 2 and engine.runner.recordings.by_shape == {}
     # What was paid is still the estimate: the pool and both probes.
     estimate = report.estimate
     assert estimate.seconds == estimate.pool_seconds + sum(t for _, t in estimate.probes)
@@ -292,7 +292,7 @@ def test_a_time_budget_trims_the_widest_shapes_first(tiny_llama_dir: Path) -> No
     assert report.skipped == (*memory_skipped, *over) and report.num_over_time == 6
     # Every rows bucket stays below the ceiling; the dropped 4x64 probe leaves no recording.
     assert {s.rows for s in report.shapes} == {1, 2, 4}
-    assert set(engine.runner.graphs.recordings) == set(report.shapes)
+    assert set(engine.runner.recordings.by_shape) == set(report.shapes)
     # On an exact line the estimate is the actual: the dropped probe, then six shapes.
     assert estimate.seconds == report.total_seconds == 0.078125 + 0.17578125
     assert estimate.pool_seconds == 0.0 and report.as_dict()["time_ceiling"] == 32
@@ -305,9 +305,9 @@ def test_a_set_event_stops_the_warm_up_between_recordings(tiny_llama_dir: Path) 
     # A shutdown arriving while the estimate is said: the probes are done, nothing more is.
     with pytest.raises(WarmupCancelled, match=r"^boot stopped after 2 of 12 warm recordings$"):
         warm(engine, shapes, cancel=cancel, announce=lambda *_: cancel.set())
-    assert engine.runner.graphs.num_recorded == 2 and engine.warm_report is None
+    assert engine.runner.recordings.num_recorded == 2 and engine.warm_report is None
     # Set before the start: not even the pool is made resident.
     fresh = tiny_engine(tiny_llama_dir, **WARM, decode_mode="recorded")
     with pytest.raises(WarmupCancelled, match=r"^boot stopped before the warm-up$"):
         warm(fresh, shapes, cancel=cancel)
-    assert fresh.runner.graphs.num_recorded == 0 and not fresh.pool.resident
+    assert fresh.runner.recordings.num_recorded == 0 and not fresh.pool.resident

@@ -65,7 +65,7 @@ def health_body(status: EngineStatus) -> dict[str, object]:
         "ready_seconds": status.ready_seconds,
         "kv_pool": {**status.pool.as_dict(), "blocks_in_use": status.blocks_in_use},
         "warm": status.warm.as_dict() if status.warm is not None else None,
-        "capture": status.graphs.as_dict() if status.graphs is not None else None,
+        "capture": status.recordings.as_dict() if status.recordings is not None else None,
     }
 
 

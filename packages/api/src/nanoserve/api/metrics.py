@@ -16,7 +16,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from nanoserve.api.engine_client import EngineClient
-from nanoserve.runtime.decode.graphs import GraphStats
+from nanoserve.runtime import RecordingStats
 from nanoserve.runtime.engine.async_engine import RequestTimes
 
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
@@ -25,7 +25,7 @@ PREFIX = "nanoserve:"
 FINISH_REASONS = ("stop", "length", "abort")
 # A decode mode that records nothing still exports the graph series, as zeros: a dashboard's
 # query must not vanish with the mode.
-NO_GRAPHS = GraphStats(
+NO_RECORDINGS = RecordingStats(
     backend="none",
     recordings=0,
     cold_recordings=0,
@@ -96,36 +96,36 @@ class _EngineCollector(Collector):
         for reason in FINISH_REASONS:
             finished.add_metric([reason], status.finished.get(reason, 0))
         yield finished
-        yield from _graph_metrics(status.graphs or NO_GRAPHS)
+        yield from _recording_metrics(status.recordings or NO_RECORDINGS)
 
 
-def _graph_metrics(graphs: GraphStats) -> Iterator[Metric]:
-    yield _counter("graph_recordings", "Decode steps recorded.", graphs.recordings)
+def _recording_metrics(stats: RecordingStats) -> Iterator[Metric]:
+    yield _counter("graph_recordings", "Decode steps recorded.", stats.recordings)
     yield _counter(
         "graph_cold_recordings",
         "Recordings made while requests were in flight (0 on a warmed server).",
-        graphs.cold_recordings,
+        stats.cold_recordings,
     )
-    yield _counter("graph_replays", "Recorded decode steps replayed.", graphs.replays)
+    yield _counter("graph_replays", "Recorded decode steps replayed.", stats.replays)
     yield _counter(
         "decode_eager_fallback_steps",
         "Decode steps of a shape outside the warm list, run eagerly (never recorded live).",
-        graphs.eager_fallback_steps,
+        stats.eager_fallback_steps,
     )
     yield _gauge(
         "graph_needed_bytes",
         "Bytes the recordings held now need at their peaks, summed.",
-        graphs.needed_bytes,
+        stats.needed_bytes,
     )
     yield _gauge(
         "graph_pool_bytes",
         "Bytes of the recordings' shared memory pool (CUDA), discarded probes included.",
-        graphs.pool_bytes,
+        stats.pool_bytes,
     )
     yield _gauge(
         "graph_pool_sharing_ratio",
         "Sum of recordings' needs / shared pool bytes.",
-        graphs.pool_sharing_ratio,
+        stats.pool_sharing_ratio,
     )
 
 

@@ -32,7 +32,7 @@ from nanoserve.api.engine_client import EngineClient, EngineFactory, build_async
 from nanoserve.api.errors import APIError, without_paths
 from nanoserve.api.metrics import ServerMetrics
 from nanoserve.api.settings import ServerSettings
-from nanoserve.runtime.decode.warmup import WarmupCancelled
+from nanoserve.runtime import WarmupCancelled
 
 log = logging.getLogger("nanoserve")
 STOP_WAIT_SECONDS = 1.0  # how long a shutdown waits for the boot to reach a boundary

@@ -10,6 +10,8 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from nanoserve.runtime.decode.recordings import RecordingStats
+    from nanoserve.runtime.decode.warmup import WarmupCancelled
     from nanoserve.runtime.engine.async_engine import AsyncEngine
     from nanoserve.runtime.engine.build import build_engine
     from nanoserve.runtime.engine.engine import Engine
@@ -24,8 +26,19 @@ _WHERE = {
     "EngineConfig": "engine_config",
     "AsyncEngine": "engine.async_engine",
     "build_engine": "engine.build",
+    "RecordingStats": "decode.recordings",
+    "WarmupCancelled": "decode.warmup",
 }
-__all__ = ["LLM", "AsyncEngine", "Engine", "EngineConfig", "SamplingParams", "build_engine"]
+__all__ = [
+    "LLM",
+    "AsyncEngine",
+    "Engine",
+    "EngineConfig",
+    "RecordingStats",
+    "SamplingParams",
+    "WarmupCancelled",
+    "build_engine",
+]
 
 
 def __getattr__(name: str) -> Any:

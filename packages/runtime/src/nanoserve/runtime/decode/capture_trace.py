@@ -17,7 +17,7 @@ import torch
 
 from nanoserve.core import DecodeBuffers, Shape, SlotTable, padding_plan, plan_kv_pool
 from nanoserve.runtime.decode.capture_guard import capture_guard
-from nanoserve.runtime.decode.graphs import DecodeGraphs, FrozenCallBackend
+from nanoserve.runtime.decode.recordings import DecodeRecordings, FrozenCallBackend
 from nanoserve.runtime.loading.model_config import ModelConfig
 from nanoserve.runtime.model.kv_pool import KVPool
 from nanoserve.runtime.model.llama import LlamaModel
@@ -65,7 +65,7 @@ def trace_recorded_steps(
     pool = KVPool(pool_plan, TRACE_DEVICE)
     table = SlotTable(max_batch, max_model_len, pool_plan.sink_slot, TRACE_DEVICE)
     buffers = DecodeBuffers.allocate(max_batch, pool_plan.sink_slot, TRACE_DEVICE)
-    graphs = DecodeGraphs(
+    recordings = DecodeRecordings(
         model.forward,
         table,
         buffers,
@@ -79,7 +79,7 @@ def trace_recorded_steps(
         for shape in shapes:
             plan = buffers.load(padding_plan(shape.rows, shape.width, table=table))
             with capture_guard(TRACE_DEVICE) as guard:
-                graphs.step(plan, pool.empty_rows())
+                recordings.step(plan, pool.empty_rows())
             ops += guard.num_ops
             traced.append(shape)
     return StepTrace(tuple(traced), ops)

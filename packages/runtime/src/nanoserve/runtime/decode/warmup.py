@@ -15,10 +15,10 @@ It reads as plan → price → record → gates → report:
   real steps;
 - gates: the list within the memory budget (before), then the pool's real slots unchanged, the
   table unmoved, every recording unbound, every listed shape recorded (after). From then on
-  `DecodeGraphs` records nothing (`check_no_cold_captures` guards its record);
+  `DecodeRecordings` records nothing (`check_no_cold_captures` guards its record);
 - report (`WarmupReport`): the plan, the estimate and what was measured.
 
-A cancel event is checked between recordings. At shutdown `DecodeGraphs.destroy` frees the
+A cancel event is checked between recordings. At shutdown `DecodeRecordings.destroy` frees the
 recordings (`Engine.destroy`, called by the server's lifespan).
 """
 
@@ -48,7 +48,7 @@ from nanoserve.core.warm_list import (
     seconds_ceiling,
     warm_estimate,
 )
-from nanoserve.runtime.decode.graphs import DecodeGraphs
+from nanoserve.runtime.decode.recordings import DecodeRecordings
 from nanoserve.runtime.model.kv_pool import CacheRows, KVPool
 
 TIME_REASON = "over the time budget of {:g} s"
@@ -179,28 +179,31 @@ class WarmupReport:
         }
 
 
-def warm_batch(graphs: DecodeGraphs, pool: KVPool, shape: Shape) -> WarmBatch:
+def warm_batch(recordings: DecodeRecordings, pool: KVPool, shape: Shape) -> WarmBatch:
     """The all-padding plan for shape, written into the recordings' real buffers, over no rows."""
-    plan = padding_plan(shape.rows, shape.width, table=graphs.table)
-    plan = graphs.buffers.load(plan)  # made-up tokens: id 0 at position 0, masked anyway
+    plan = padding_plan(shape.rows, shape.width, table=recordings.table)
+    plan = recordings.buffers.load(plan)  # made-up tokens: id 0 at position 0, masked anyway
     return WarmBatch(plan, pool.empty_rows())
 
 
 def record_shape(
-    graphs: DecodeGraphs, pool: KVPool, shape: Shape, clock: Clock = time.perf_counter
+    recordings: DecodeRecordings, pool: KVPool, shape: Shape, clock: Clock = time.perf_counter
 ) -> float:
     """Record shape over a warm batch (gated); returns the seconds the recording took."""
-    batch = warm_batch(graphs, pool, shape)
+    batch = warm_batch(recordings, pool, shape)
     check_warm_rows_empty(batch.plan)
     check_warm_writes_sink(batch.plan)
     started = clock()
     with torch.inference_mode():
-        graphs.record(batch.plan, batch.cache, cold=False)
+        recordings.record(batch.plan, batch.cache, cold=False)
     return clock() - started
 
 
 def make_resident(
-    graphs: DecodeGraphs, pool: KVPool, first: Shape | None = None, clock: Clock = time.perf_counter
+    recordings: DecodeRecordings,
+    pool: KVPool,
+    first: Shape | None = None,
+    clock: Clock = time.perf_counter,
 ) -> float:
     """Allocate every layer's K/V pool now and touch its pages, and run one unrecorded
     step of `first` under the capture guard, so that the first probe times a recording rather
@@ -210,14 +213,14 @@ def make_resident(
     started = clock()
     pool.touch()
     if first is not None:
-        batch = warm_batch(graphs, pool, first)
-        with torch.inference_mode(), graphs.guard():
-            graphs.step(batch.plan, batch.cache)
+        batch = warm_batch(recordings, pool, first)
+        with torch.inference_mode(), recordings.guard():
+            recordings.step(batch.plan, batch.cache)
     return clock() - started
 
 
 def price_warm(
-    graphs: DecodeGraphs,
+    recordings: DecodeRecordings,
     pool: KVPool,
     shapes: tuple[Shape, ...],
     *,
@@ -233,11 +236,11 @@ def price_warm(
     if not shapes:
         return WarmEstimate((), (), (), RecordingCost(0.0, 0.0), 0.0, 0.0, budget_seconds, None)
     check_cancelled(cancel, "before the warm-up")
-    pool_seconds = make_resident(graphs, pool, shapes[-1], clock)
+    pool_seconds = make_resident(recordings, pool, shapes[-1], clock)
     paid: dict[Shape, float] = {}
     for shape in dict.fromkeys((shapes[0], shapes[-1])):
         check_cancelled(cancel, f"while pricing the warm list, before recording {shape}")
-        paid[shape] = record_shape(graphs, pool, shape, clock)
+        paid[shape] = record_shape(recordings, pool, shape, clock)
     cost = fit_recording_cost(shapes[-1], paid[shapes[-1]], shapes[0], paid[shapes[0]])
     kept, ceiling = shapes, None
     skipped: tuple[tuple[Shape, str], ...] = ()
@@ -248,7 +251,7 @@ def price_warm(
         skipped = tuple((s, reason) for s in shapes if s.width > ceiling)
     for shape in paid:
         if shape not in kept:
-            graphs.discard(shape)
+            recordings.discard(shape)
     return WarmEstimate(
         shapes=kept,
         skipped=skipped,
@@ -262,7 +265,7 @@ def price_warm(
 
 
 def record_warm_list(
-    graphs: DecodeGraphs,
+    recordings: DecodeRecordings,
     pool: KVPool,
     plan: WarmPlan,
     *,
@@ -274,12 +277,12 @@ def record_warm_list(
     """Price the plan's shapes, trim them to budget_seconds (None: keep all), announce the
     estimate, record the rest, pass the gates. A set `cancel` raises WarmupCancelled at the
     next recording boundary."""
-    check_warm_budget(plan.shapes, graphs.footprint, plan.budget_bytes)
-    table_address = graphs.table.address
+    check_warm_budget(plan.shapes, recordings.footprint, plan.budget_bytes)
+    table_address = recordings.table.address
     before = pool.snapshot()
     started = clock()
     estimate = price_warm(
-        graphs, pool, plan.shapes, budget_seconds=budget_seconds, cancel=cancel, clock=clock
+        recordings, pool, plan.shapes, budget_seconds=budget_seconds, cancel=cancel, clock=clock
     )
     if announce is not None:
         announce(plan, estimate)
@@ -289,19 +292,19 @@ def record_warm_list(
             check_cancelled(
                 cancel, f"after {len(seconds)} of {len(estimate.shapes)} warm recordings"
             )
-            seconds[shape] = record_shape(graphs, pool, shape, clock)
+            seconds[shape] = record_shape(recordings, pool, shape, clock)
     total = clock() - started
     # Gates. Only layers resident before the warm-up can hold real K/V; compare those.
     check_warm_touches_nothing(before, pool.pools()[: len(before)], pool.plan.num_slots)
-    check_table_stable(table_address, graphs.table.address)
-    check_warm_graphs_unbound({s: graphs.recordings[s].seq_ids for s in estimate.shapes})
-    check_all_warm(estimate.shapes, graphs.recordings)
-    graphs.warmed = True  # from now on a shape outside the list runs eagerly
+    check_table_stable(table_address, recordings.table.address)
+    check_warm_graphs_unbound({s: recordings.by_shape[s].seq_ids for s in estimate.shapes})
+    check_all_warm(estimate.shapes, recordings.by_shape)
+    recordings.warmed = True  # from now on a shape outside the list runs eagerly
     return WarmupReport(
         plan=plan,
         estimate=estimate,
         seconds=tuple(seconds[s] for s in estimate.shapes),
         total_seconds=total,
-        pool_bytes=graphs.backend.pool_bytes(),
-        backend=graphs.backend.name,
+        pool_bytes=recordings.backend.pool_bytes(),
+        backend=recordings.backend.name,
     )

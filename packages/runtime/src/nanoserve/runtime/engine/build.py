@@ -188,11 +188,11 @@ def boot_line(engine: Engine, seconds: float) -> str:
         estimated = report.estimate.seconds
         over_time = report.num_over_time
         parts.append(
-            f"graphs={report.num_recorded} ({report.backend}, est {estimated:.2f}s,"
+            f"recordings={report.num_recorded} ({report.backend}, est {estimated:.2f}s,"
             f" took {report.total_seconds:.2f}s; skipped {len(report.skipped) - over_time}"
             f" by memory, {over_time} by time)"
         )
     elif engine.config.decode_mode.recorded:
-        parts.append("graphs=lazy (recorded in front of clients)")
+        parts.append("recordings=lazy (recorded in front of clients)")
     parts.append(f"ready in {seconds:.1f}s")
     return " ".join(parts)

@@ -20,7 +20,7 @@ import torch
 
 from nanoserve.core import BlockTable, plan_kv_pool
 from nanoserve.core.errors import NanoserveError
-from nanoserve.runtime.decode.graphs import Backend
+from nanoserve.runtime.decode.recordings import Backend
 from nanoserve.runtime.decode.warmup import (
     Clock,
     WarmEstimate,
@@ -299,13 +299,13 @@ class Engine:
 
     def plan_warm(self) -> WarmPlan:
         """The warm list this engine's config and memory allow (decode_mode="recorded")."""
-        graphs, buckets = self.runner.graphs, self.runner.buckets
-        if graphs is None or buckets is None:
+        recordings, buckets = self.runner.recordings, self.runner.buckets
+        if recordings is None or buckets is None:
             raise EngineConfigError("a warm-up needs decode_mode='recorded'")
         config = self.config
         return plan_warm(
             buckets,
-            graphs.footprint,
+            recordings.footprint,
             max_rows=min(config.warm_max_rows, config.max_batch),
             max_width=config.warm_max_width,
             budget_bytes=self.runner.warm_budget_bytes(),
@@ -321,11 +321,11 @@ class Engine:
     ) -> WarmupReport:
         """Record plan (default: `plan_warm()`) within the config's time budget; the report is
         kept as `warm_report`. From then on a shape outside the list runs eagerly."""
-        graphs = self.runner.graphs
-        if graphs is None:
+        recordings = self.runner.recordings
+        if recordings is None:
             raise EngineConfigError("a warm-up needs decode_mode='recorded'")
         report = record_warm_list(
-            graphs,
+            recordings,
             self.pool,
             plan or self.plan_warm(),
             budget_seconds=self.config.warm_seconds,
@@ -344,8 +344,8 @@ class Engine:
 
     def destroy(self) -> None:
         """Free the recordings (a clean shutdown); the engine still serves, eagerly."""
-        if self.runner.graphs is not None:
-            self.runner.graphs.destroy()
+        if self.runner.recordings is not None:
+            self.runner.recordings.destroy()
 
     # -- numbers ----------------------------------------------------------------------------
 
@@ -374,7 +374,7 @@ class Engine:
         self.blocks.check(idle=not self.has_unfinished)
 
     def status(self) -> EngineStatus:
-        graphs = self.runner.graphs
+        recordings = self.runner.recordings
         config = self.config
         stats = self.blocks.stats
         return EngineStatus(
@@ -394,7 +394,7 @@ class Engine:
             blocks_in_use=self.blocks.num_in_use,
             kv_cache_usage=self.blocks.usage(),
             warm=self.warm_report,
-            graphs=graphs.stats() if graphs is not None else None,
+            recordings=recordings.stats() if recordings is not None else None,
             running=self.num_running,
             waiting=self.num_waiting,
             waiting_requests=self.num_waiting_requests,

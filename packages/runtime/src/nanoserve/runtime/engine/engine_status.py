@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from nanoserve.core import KVPoolPlan, PrefillBudget
-from nanoserve.runtime.decode.graphs import GraphStats
+from nanoserve.runtime.decode.recordings import RecordingStats
 from nanoserve.runtime.decode.warmup import WarmupReport
 
 
@@ -43,7 +43,7 @@ class EngineStatus:
     blocks_in_use: int
     kv_cache_usage: float  # blocks held by sequences / blocks, 0..1
     warm: WarmupReport | None  # None: no warm-up ran (eager, or lazily recorded)
-    graphs: GraphStats | None  # None: the decode mode records nothing
+    recordings: RecordingStats | None  # None: the decode mode records nothing
     running: int  # sequences scheduled
     waiting: int  # sequences waiting (a request of n samples counts n)
     waiting_requests: int

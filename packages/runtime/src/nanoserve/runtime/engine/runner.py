@@ -19,7 +19,7 @@ from nanoserve.core import (
     plan_prefill,
 )
 from nanoserve.runtime.decode.decode_inputs import DecodeInputs
-from nanoserve.runtime.decode.graphs import Backend, DecodeGraphs, StepFn, default_backend
+from nanoserve.runtime.decode.recordings import Backend, DecodeRecordings, StepFn, default_backend
 from nanoserve.runtime.engine.scheduler import SchedulerOutput
 from nanoserve.runtime.engine_config import ResolvedConfig
 from nanoserve.runtime.model.kv_pool import CacheRows, KVPool
@@ -44,7 +44,7 @@ class ModelRunner:
         mode = config.decode_mode
         self.buckets: BucketSet | None = None
         self.inputs: DecodeInputs | None = None
-        self.graphs: DecodeGraphs | None = None
+        self.recordings: DecodeRecordings | None = None
         if mode.buckets:
             self.buckets = BucketSet(config.max_batch, config.max_model_len, config.width_multiple)
         if mode.persistent:
@@ -53,7 +53,7 @@ class ModelRunner:
             )
         if mode.recorded:
             assert self.inputs is not None
-            self.graphs = DecodeGraphs(
+            self.recordings = DecodeRecordings(
                 _decode_step(model),
                 self.inputs.table,
                 self.inputs.buffers,
@@ -99,8 +99,8 @@ class ModelRunner:
         plan = self.plan_decode_step(out)
         real = len(plan.seq_ids)
         cache = self.pool.view(plan.seq_ids)
-        if self.graphs is not None:
-            logits = self.graphs.run(plan, cache)
+        if self.recordings is not None:
+            logits = self.recordings.run(plan, cache)
         else:
             logits = self.model.forward(plan, cache)
         return logits[:real]

@@ -159,7 +159,7 @@ def default_backend(device: torch.device) -> Backend:
 
 
 @dataclass(frozen=True, slots=True)
-class GraphStats:
+class RecordingStats:
     """The recordings' counters, as /health and /metrics report them."""
 
     backend: str
@@ -190,7 +190,7 @@ class Recording:
     needed_bytes: int
 
 
-class DecodeGraphs:
+class DecodeRecordings:
     """The recordings of one engine, their shared logits buffer, and the counters /metrics
     reports."""
 
@@ -216,7 +216,7 @@ class DecodeGraphs:
         self.logits = torch.zeros(
             (buffers.max_batch, footprint.vocab_size), dtype=torch.float32, device=self.device
         )  # [max_rows, vocab]
-        self.recordings: dict[Shape, Recording] = {}
+        self.by_shape: dict[Shape, Recording] = {}
         self._baseline = self.addresses()
         self.warmed = False  # set by the warm-up: from then on nothing is recorded
         self.num_recorded = 0
@@ -242,7 +242,7 @@ class DecodeGraphs:
         return capture_guard(self.device)
 
     def can_replay(self, plan: DecodePlan) -> bool:
-        recording = self.recordings.get(Shape(*plan.shape))
+        recording = self.by_shape.get(Shape(*plan.shape))
         return recording is not None and (
             not recording.seq_ids or recording.seq_ids == plan.seq_ids
         )
@@ -265,7 +265,7 @@ class DecodeGraphs:
         started = time.perf_counter()
         output, handle = self.backend.record(self.step, (plan, cache), self.guard)
         seconds = time.perf_counter() - started
-        self.recordings[shape] = Recording(
+        self.by_shape[shape] = Recording(
             shape, cache.seq_ids, plan, cache, self.addresses(), handle, seconds, cold, needed
         )
         self.num_recorded += 1
@@ -275,10 +275,10 @@ class DecodeGraphs:
     @torch.inference_mode()
     def replay(self, plan: DecodePlan) -> torch.Tensor:
         shape = Shape(*plan.shape)
-        recording = self.recordings.get(shape)
+        recording = self.by_shape.get(shape)
         if recording is None:
             raise UnrecordedShapeError(
-                f"no recording of {shape}; recorded: {sorted(self.recordings, reverse=True)[:4]}"
+                f"no recording of {shape}; recorded: {sorted(self.by_shape, reverse=True)[:4]}"
             )
         check_replay_rows(recording.seq_ids, plan)
         check_addresses_stable(recording.addresses, self.addresses())
@@ -289,12 +289,12 @@ class DecodeGraphs:
     def discard(self, shape: Shape) -> None:
         """Forget shape's recording (a warm-up probe the time budget then trimmed away). On
         CUDA its memory stays in the shared pool, for the others, and in pool_bytes."""
-        self.recordings.pop(shape, None)
+        self.by_shape.pop(shape, None)
 
     def destroy(self) -> None:
         """Free every recording and the pool they shared (a clean shutdown); the counters stay
         for the last scrape. A later decode step runs eagerly."""
-        self.recordings.clear()
+        self.by_shape.clear()
         self.backend.release()
         self.warmed = True  # nothing is recorded after a destroy
 
@@ -311,16 +311,16 @@ class DecodeGraphs:
             return self._model_step(plan, cache)
         return self.record(plan, cache.pool.empty_rows(), cold=True)
 
-    def stats(self) -> GraphStats:
+    def stats(self) -> RecordingStats:
         pool = self.backend.pool_bytes()
-        needed = sum(r.needed_bytes for r in self.recordings.values())
-        return GraphStats(
+        needed = sum(r.needed_bytes for r in self.by_shape.values())
+        return RecordingStats(
             backend=self.backend.name,
             recordings=self.num_recorded,
             cold_recordings=self.num_cold,
             replays=self.num_replays,
             eager_fallback_steps=self.num_eager_fallback,
-            shapes=len(self.recordings),
+            shapes=len(self.by_shape),
             logits_buffer_bytes=self.logits.numel() * self.logits.element_size(),
             needed_bytes=needed,
             pool_bytes=pool,

@@ -18,7 +18,7 @@ from nanoserve.core.capture_gates import (
     PoolBudgetExceededError,
     ReplayRowsError,
 )
-from nanoserve.runtime.decode.graphs import (
+from nanoserve.runtime.decode.recordings import (
     FrozenCallBackend,
     RecordingArgumentsError,
     UnrecordedShapeError,
@@ -57,18 +57,18 @@ def plan_and_cache(engine: Engine) -> tuple[DecodePlan, CacheRows]:
 
 def test_record_then_replay_gives_the_recorded_logits(engine: Engine, plan_and_cache) -> None:
     plan, cache = plan_and_cache
-    graphs = engine.runner.graphs
-    recorded = graphs.record(plan, cache, cold=True)
-    replayed = graphs.replay(plan)
+    recordings = engine.runner.recordings
+    recorded = recordings.record(plan, cache, cold=True)
+    replayed = recordings.replay(plan)
     assert torch.equal(recorded, replayed)
-    assert (graphs.num_recorded, graphs.num_cold, graphs.num_replays) == (1, 1, 1)
+    assert (recordings.num_recorded, recordings.num_cold, recordings.num_replays) == (1, 1, 1)
 
 
 def test_a_rectangle_copied_instead_of_windowed_is_refused(engine: Engine, plan_and_cache) -> None:
     plan, cache = plan_and_cache
     copied = replace(plan, slot_rect=plan.slot_rect.clone())
     with pytest.raises(MappingNotWindowError, match="not a window"):
-        engine.runner.graphs.record(copied, cache, cold=True)
+        engine.runner.recordings.record(copied, cache, cold=True)
 
 
 def test_a_padded_row_aimed_at_a_real_slot_is_refused(engine: Engine, plan_and_cache) -> None:
@@ -77,7 +77,7 @@ def test_a_padded_row_aimed_at_a_real_slot_is_refused(engine: Engine, plan_and_c
     writes = plan.write_slots.clone()
     writes[-1] = 0  # a real slot
     with pytest.raises(PadNotInertError, match="padded row"):
-        engine.runner.graphs.record(replace(plan, write_slots=writes), cache, cold=True)
+        engine.runner.recordings.record(replace(plan, write_slots=writes), cache, cold=True)
 
 
 def test_a_write_slot_disagreeing_with_the_rectangle_is_refused(
@@ -87,38 +87,38 @@ def test_a_write_slot_disagreeing_with_the_rectangle_is_refused(
     writes = plan.write_slots.clone()
     writes[0] = int(plan.slot_rect[0, 0])  # a slot of this sequence, but not its new position
     with pytest.raises(PlanAddressingError):
-        engine.runner.graphs.record(replace(plan, write_slots=writes), cache, cold=True)
+        engine.runner.recordings.record(replace(plan, write_slots=writes), cache, cold=True)
 
 
 def test_a_buffer_reallocated_after_recording_is_refused(engine: Engine, plan_and_cache) -> None:
     plan, cache = plan_and_cache
-    graphs = engine.runner.graphs
-    graphs.record(plan, cache, cold=True)
-    graphs.buffers = DecodeBuffers.allocate(graphs.buffers.max_batch, plan.sink_slot)
+    recordings = engine.runner.recordings
+    recordings.record(plan, cache, cold=True)
+    recordings.buffers = DecodeBuffers.allocate(recordings.buffers.max_batch, plan.sink_slot)
     with pytest.raises(AddressesMovedError, match="input_ids was at"):
-        graphs.replay(plan)
+        recordings.replay(plan)
 
 
 def test_a_replay_over_another_row_set_is_refused(engine: Engine, plan_and_cache) -> None:
     plan, cache = plan_and_cache
-    graphs = engine.runner.graphs
-    graphs.record(plan, cache, cold=True)
+    recordings = engine.runner.recordings
+    recordings.record(plan, cache, cold=True)
     other = replace(plan, seq_ids=tuple(r + 100 for r in plan.seq_ids))
     with pytest.raises(ReplayRowsError, match="froze rows"):
-        graphs.replay(other)
-    assert not graphs.can_replay(other)
+        recordings.replay(other)
+    assert not recordings.can_replay(other)
 
 
 def test_replay_refuses_an_unrecorded_shape_and_foreign_arguments(
     engine: Engine, plan_and_cache
 ) -> None:
     plan, cache = plan_and_cache
-    graphs = engine.runner.graphs
+    recordings = engine.runner.recordings
     with pytest.raises(UnrecordedShapeError):
-        graphs.replay(plan)
-    graphs.record(plan, cache, cold=True)
+        recordings.replay(plan)
+    recordings.record(plan, cache, cold=True)
     with pytest.raises(RecordingArgumentsError, match="input_ids"):
-        graphs.replay(replace(plan, input_ids=plan.input_ids.clone()))
+        recordings.replay(replace(plan, input_ids=plan.input_ids.clone()))
 
 
 def test_a_budget_too_small_refuses_the_recording(tiny_llama_dir: Path) -> None:
@@ -126,7 +126,7 @@ def test_a_budget_too_small_refuses_the_recording(tiny_llama_dir: Path) -> None:
     out = decode_ready(engine, [[5, 17, 3]])
     plan = engine.runner.plan_decode_step(out)
     with pytest.raises(PoolBudgetExceededError, match="budget leaves 16"):
-        engine.runner.graphs.record(plan, engine.pool.view(plan.seq_ids), cold=True)
+        engine.runner.recordings.record(plan, engine.pool.view(plan.seq_ids), cold=True)
 
 
 def test_frozen_call_replays_on_the_recorded_objects_alone() -> None:
@@ -162,11 +162,13 @@ def test_a_stale_frozen_argument_gives_wrong_tokens(tiny_llama_dir: Path) -> Non
         engine.step()  # prefill
         engine.step()  # the first decode step: recorded through the gates
     good, bad = engines
-    graphs = bad.runner.graphs
-    ((shape, recording),) = graphs.recordings.items()
+    recordings = bad.runner.recordings
+    ((shape, recording),) = recordings.by_shape.items()
     stale = replace(recording.plan, slot_rect=recording.plan.slot_rect.clone())
     # Only the frozen call holds the copy: every replay check sees the real window and passes.
-    graphs.recordings[shape] = replace(recording, handle=(graphs.step, (stale, recording.cache)))
+    recordings.by_shape[shape] = replace(
+        recording, handle=(recordings.step, (stale, recording.cache))
+    )
     expected = [t for d in good.run_until_done() for t in d.token_ids]
     got = [t for d in bad.run_until_done() for t in d.token_ids]
     assert len(got) == len(expected) == 28
@@ -182,7 +184,7 @@ def test_lazy_recordings_follow_lazy_captures(tiny_llama_dir: Path) -> None:
         for i in range(2):
             engine.add_request(f"l{i}", [10 + i] * 16, params)
         engine.run_until_done()
-        assert engine.runner.graphs.num_cold == expected
+        assert engine.runner.recordings.num_cold == expected
 
 
 def test_every_recording_writes_the_one_logits_buffer(tiny_llama_dir: Path) -> None:
@@ -193,11 +195,11 @@ def test_every_recording_writes_the_one_logits_buffer(tiny_llama_dir: Path) -> N
     )
     shapes = warm_shapes(engine.runner.buckets)
     warm(engine, shapes)
-    graphs = engine.runner.graphs
-    buffer = graphs.logits
+    recordings = engine.runner.recordings
+    buffer = recordings.logits
     assert tuple(buffer.shape) == (8, engine.model.config.vocab_size)
     for shape in shapes:
-        logits = graphs.replay(warm_batch(engine.runner.graphs, engine.pool, shape).plan)
+        logits = recordings.replay(warm_batch(engine.runner.recordings, engine.pool, shape).plan)
         assert logits.data_ptr() == buffer.data_ptr() and logits.shape[0] == shape.rows
-    assert graphs.stats().logits_buffer_bytes == buffer.numel() * 4
-    assert graphs.addresses()["logits"] == buffer.data_ptr()
+    assert recordings.stats().logits_buffer_bytes == buffer.numel() * 4
+    assert recordings.addresses()["logits"] == buffer.data_ptr()
