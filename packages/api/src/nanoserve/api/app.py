@@ -13,10 +13,10 @@ from litestar.handlers.base import BaseRouteHandler
 from litestar.openapi import OpenAPIConfig
 
 from nanoserve.api.errors import EXCEPTION_HANDLERS, without_paths
+from nanoserve.api.health import Health, HealthNotReady
 from nanoserve.api.openai_routes import OpenAIController
 from nanoserve.api.settings import ServerSettings
 from nanoserve.api.state import ServerState
-from nanoserve.runtime.engine.engine_status import EngineStatus
 
 
 def require_api_key(connection: ASGIConnection, handler: BaseRouteHandler) -> None:
@@ -33,40 +33,19 @@ def require_api_key(connection: ASGIConnection, handler: BaseRouteHandler) -> No
 
 
 @get("/health", opt={"public": True}, sync_to_thread=False)
-def health(server: NamedDependency[ServerState]) -> Response[dict]:
+def health(server: NamedDependency[ServerState]) -> Response[Health | HealthNotReady]:
     """503 until the engine is warm and has run one real forward; then its two sizing plans."""
     if server.engine_error is not None:
-        body = {"status": "failed", "phase": "failed", "error": server.engine_error}
-        return Response(body, status_code=503)
+        failed = HealthNotReady(status="failed", phase="failed", error=server.engine_error)
+        return Response(failed, status_code=503)
     if server.engine is None:
-        body = {
-            "status": "failed" if server.boot_error else "starting",
-            "phase": without_paths(server.phase),  # the boot's console line, as the errors
-            "error": server.boot_error,
-        }
-        return Response(body, status_code=503, headers={"Retry-After": "2"})
-    return Response(health_body(server.engine.status()))
-
-
-def health_body(status: EngineStatus) -> dict[str, object]:
-    """A ready engine, as /health reports it: what it serves, and its pool and warm-up plans."""
-    return {
-        "status": "ok",
-        "model": status.model,
-        "dtype": status.dtype,
-        "quantize": status.quantize,
-        "device": status.device,
-        "cpu": status.cpu,
-        "kernels": status.kernels,
-        "weights": status.weights,
-        "weight_fallbacks": status.weight_fallbacks,
-        "decode_mode": status.decode_mode,
-        "prefill_budget": status.prefill_budget.as_dict() if status.prefill_budget else None,
-        "ready_seconds": status.ready_seconds,
-        "kv_pool": {**status.pool.as_dict(), "blocks_in_use": status.blocks_in_use},
-        "warm": status.warm.as_dict() if status.warm is not None else None,
-        "capture": status.recordings.as_dict() if status.recordings is not None else None,
-    }
+        booting = HealthNotReady(
+            status="failed" if server.boot_error else "starting",
+            phase=without_paths(server.phase),  # the boot's console line, as the errors
+            error=server.boot_error,
+        )
+        return Response(booting, status_code=503, headers={"Retry-After": "2"})
+    return Response(Health.of(server.engine.status()))
 
 
 @get("/metrics", sync_to_thread=False, media_type="text/plain; version=0.0.4")
