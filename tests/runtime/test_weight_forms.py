@@ -39,7 +39,7 @@ def test_unknown_quantization_is_refused_in_one_place() -> None:
         UnknownQuantizationError, match=r"^quantize must be one of gguf, int8, q4, q8 or"
     ):
         check_quantize("int4")  # a model is built only with a resolved form
-    assert EngineConfig(quantize="none").quantize is None
+    assert EngineConfig(quantize="none").resolve(model_max_len=64).quantize is None
     for ok in (None, "gguf", "int8", "q4", "q8"):
         check_quantize(ok)
 

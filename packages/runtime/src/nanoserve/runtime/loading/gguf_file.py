@@ -31,6 +31,7 @@ from nanoserve.runtime.errors import (
     UnsupportedQuantError,
     WeightsError,
 )
+from nanoserve.runtime.kernels import kernel_ops
 from nanoserve.runtime.loading.gguf_blocks import GgufBlocks
 from nanoserve.runtime.loading.gguf_reader import GgufReader, TensorInfo
 from nanoserve.runtime.loading.gguf_types import DEQUANTIZED_HERE, GGML_TYPES, GgmlType
@@ -156,7 +157,7 @@ class GgufFile:
             from nanoserve.runtime.kernels.cpu_kernels import kernels_available
 
             if kernels_available():
-                return torch.ops.nanoserve.dequantize_rows(raw, info.type_id, width, None)
+                return kernel_ops.dequantize_rows(raw, info.type_id, width, None)
         import gguf  # the reference dequantizer, for every type nanoserve's code does not read
 
         values = gguf.quants.dequantize(raw.numpy(), gguf.GGMLQuantizationType(info.type_id))

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
+from nanoserve.runtime.kernels import kernel_ops
 from nanoserve.runtime.loading.gguf_blocks import GgufBlocks
 
 
@@ -31,4 +32,4 @@ class QuantEmbedding:
     def __getitem__(self, ids: torch.Tensor) -> torch.Tensor:
         """[len(ids), hidden] float32: the rows of these token ids."""
         b = self.blocks
-        return torch.ops.nanoserve.dequantize_rows(b.rows, b.ggml.number, b.shape[1], ids)
+        return kernel_ops.dequantize_rows(b.rows, b.ggml.number, b.shape[1], ids)

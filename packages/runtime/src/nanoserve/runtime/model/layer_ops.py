@@ -6,7 +6,7 @@ runs:
 - TorchOps: torch operators, on any device (CUDA, the meta trace, the CPU's exact float32
   mode). Attention gathers K/V through the slot rectangle (core's paged attention), in
   `accum_dtype`; the residual stream is in the model's dtype.
-- CpuKernelOps: nanoserve's C++ kernels (torch.ops.nanoserve), one call per piece where torch
+- CpuKernelOps: nanoserve's C++ kernels (kernels/kernel_ops.py), one call per piece where torch
   takes five to twenty: RMSNorm fused with the residual add, rotary fused with the K/V write,
   attention that reads K/V in place through the rectangle, and SiLU-and-multiply. The residual
   stream is float32 whatever the pool's dtype. Every piece computes each row in one fixed order
@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from nanoserve.core import DecodePlan, PrefillPlan
+from nanoserve.runtime.kernels import kernel_ops
 from nanoserve.runtime.loading.model_config import ModelConfig
 from nanoserve.runtime.model.kv_pool import CacheRows
 
@@ -131,7 +132,7 @@ class CpuKernelOps:
         self.cos, self.sin = cos.contiguous(), sin.contiguous()
         self.eps = config.rms_norm_eps
         self.scale = config.head_dim**-0.5
-        self.ops = torch.ops.nanoserve
+        self.ops = kernel_ops
 
     def residual(self, embeddings: torch.Tensor) -> torch.Tensor:
         return embeddings.float()

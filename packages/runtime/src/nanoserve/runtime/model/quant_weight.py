@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 import torch
 
 from nanoserve.runtime.errors import QuantizationError
+from nanoserve.runtime.kernels import kernel_ops
 from nanoserve.runtime.kernels.cpu_kernels import load_cpu_kernels
 from nanoserve.runtime.loading.gguf_blocks import GgufBlocks
 from nanoserve.runtime.loading.gguf_types import BY_NAME
@@ -51,9 +52,7 @@ class QuantWeight:
         load_cpu_kernels()  # a form no kernel can read is refused here, not at the first step
         out, width = blocks.shape
         check_groupable(blocks.shape, blocks.kind)
-        packed = torch.ops.nanoserve.pack_weight(
-            blocks.rows, blocks.ggml.number, width, blocks.order
-        )
+        packed = kernel_ops.pack_weight(blocks.rows, blocks.ggml.number, width, blocks.order)
         return cls(packed, blocks.kind, out, width, stored or blocks.kind)
 
     @property
@@ -88,7 +87,7 @@ class QuantLinear:
 
     def matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         """x [rows, in] float32 @ w.T (+ bias float32) -> [rows, out] float32."""
-        return torch.ops.nanoserve.linear(x, *self._args, bias)
+        return kernel_ops.linear(x, *self._args, bias)
 
 
 def _groups(weight: torch.Tensor, kind: str) -> torch.Tensor:
@@ -126,6 +125,6 @@ def quantize_q8_0(weight: torch.Tensor) -> GgufBlocks:
 def dequantize_blocks(blocks: GgufBlocks) -> torch.Tensor:
     """[out, in] float32: the values the blocks define, rows in Hugging Face order."""
     load_cpu_kernels()
-    return torch.ops.nanoserve.dequantize_rows(
+    return kernel_ops.dequantize_rows(
         blocks.rows, blocks.ggml.number, blocks.shape[1], blocks.order
     )

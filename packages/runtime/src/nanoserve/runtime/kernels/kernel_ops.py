@@ -1,0 +1,93 @@
+"""Every call into nanoserve's C++ kernels (`torch.ops.nanoserve`), typed, in one place.
+
+The library is built and loaded by `cpu_kernels.py` (which also picks the ISA); the model, the
+weight forms, the GGUF reader and the sampler call the ops through these functions only, so
+what crosses into C++, with which argument order and shapes, reads here. Each op checks its
+arguments itself (`op_checks.h`) and raises a RuntimeError naming the bad one.
+"""
+
+from __future__ import annotations
+
+import torch
+
+_ops = torch.ops.nanoserve  # resolved per call: the library may load after this import
+
+
+def pack_weight(
+    rows: torch.Tensor, ggml_type: int, width: int, order: torch.Tensor | None = None
+) -> torch.Tensor:
+    """GGUF blocks [out, bytes] of one type -> the kernel's planes (no float round trip);
+    order: the output rows' permutation (llama.cpp's Q/K layout undone), None: as stored."""
+    return _ops.pack_weight(rows, ggml_type, width, order)
+
+
+def linear(
+    x: torch.Tensor,
+    weights: list[torch.Tensor],
+    types: list[int],
+    out_features: list[int],
+    bias: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """x [rows, in] float32 @ the packed parts' transpose, parts stacked (+ bias float32) ->
+    [rows, sum(out_features)] float32. Each part keeps its own GGML type."""
+    return _ops.linear(x, weights, types, out_features, bias)
+
+
+def dequantize_rows(
+    rows: torch.Tensor, ggml_type: int, width: int, ids: torch.Tensor | None = None
+) -> torch.Tensor:
+    """The float32 values of GGUF block rows ([len(ids) or rows, width]); ids pick rows (an
+    embedding lookup reads only those)."""
+    return _ops.dequantize_rows(rows, ggml_type, width, ids)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    return _ops.rms_norm(x, weight, eps)
+
+
+def add_rms_norm(
+    x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float
+) -> torch.Tensor:
+    """x += delta in place (the residual stream); returns the RMS-normalised x."""
+    return _ops.add_rms_norm(x, delta, weight, eps)
+
+
+def rope_write_kv(
+    qkv: torch.Tensor,
+    positions: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    kv: torch.Tensor,
+    slots: torch.Tensor,
+    heads: int,
+) -> None:
+    """Rotary on q and k of qkv in place, and k and v written to the pool at slots."""
+    _ops.rope_write_kv(qkv, positions, cos, sin, kv, slots, heads)
+
+
+def paged_attention(
+    q: torch.Tensor,
+    kv: torch.Tensor,
+    rect: torch.Tensor,
+    rect_rows: torch.Tensor | None,
+    context_lens: torch.Tensor,
+    scale: float,
+    heads: int,
+) -> torch.Tensor:
+    """Each token's attention over its first context_lens slots of its rectangle row
+    (rect_rows picks the row of a prompt token; None: token i reads row i)."""
+    return _ops.paged_attention(q, kv, rect, rect_rows, context_lens, scale, heads)
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    return _ops.silu_mul(gate_up)
+
+
+def argmax(x: torch.Tensor) -> torch.Tensor:
+    """Per row of a contiguous float32 [rows, k], the first maximum's index (torch's NaN rule)."""
+    return _ops.argmax(x)
+
+
+def apply_token_bitmask(logits: torch.Tensor, bitmask: torch.Tensor, rows: torch.Tensor) -> None:
+    """-inf, in place, where a row's bitmask word has a 0 bit (all-ones words skipped)."""
+    _ops.apply_token_bitmask(logits, bitmask, rows)
