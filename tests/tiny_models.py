@@ -20,6 +20,8 @@ import numpy as np
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
+from nanoserve.runtime.loading.model_config import ModelConfig
+
 if TYPE_CHECKING:
     from gguf import GGMLQuantizationType
 
@@ -63,6 +65,31 @@ _TO_GGUF = {
     "input_layernorm": "attn_norm",
     "post_attention_layernorm": "ffn_norm",
 }
+
+
+def tiny_model_config(**overrides: Any) -> ModelConfig:
+    """The tiny llama's ModelConfig (what make_tiny_model_dir's config.json reads as), with
+    `overrides`: the one tiny geometry the runtime tests share."""
+    geometry = _TINY_GEOMETRY
+    fields: dict[str, Any] = {
+        "architecture": "llama",
+        "vocab_size": geometry["vocab_size"],
+        "hidden_size": geometry["hidden_size"],
+        "intermediate_size": geometry["intermediate_size"],
+        "num_layers": geometry["num_hidden_layers"],
+        "num_heads": geometry["num_attention_heads"],
+        "num_kv_heads": geometry["num_key_value_heads"],
+        "head_dim": geometry["hidden_size"] // geometry["num_attention_heads"],
+        "rope_theta": 10000.0,
+        "rope_scaling": None,
+        "rms_norm_eps": geometry["rms_norm_eps"],
+        "tie_word_embeddings": True,
+        "attention_bias": False,
+        "max_position_embeddings": geometry["max_position_embeddings"],
+        "eos_token_ids": (geometry["eos_token_id"],),
+        "bos_token_id": geometry["bos_token_id"],
+    }
+    return ModelConfig(**{**fields, **overrides})
 
 
 def _make_tiny_tokenizer() -> Tokenizer:

@@ -16,7 +16,7 @@ A kernel that reads K/V in place (`gathers=False`: nanoserve's CPU kernels) hold
 float32 score per head and position of the rows it works on, and its output.
 
 Checked against the allocator's measured peak on a CPU in tests/core/test_step_footprint.py's
-runtime twin (tests/runtime/test_step_footprint.py).
+runtime twin (tests/runtime/model/test_step_footprint.py).
 """
 
 from __future__ import annotations

@@ -9,27 +9,12 @@ import torch
 from nanoserve.core import BlockTable, PrefillChunk, plan_decode, plan_kv_pool, plan_prefill
 from nanoserve.core.decode_plan import DecodeSeq
 from nanoserve.runtime.kernels.cpu_kernels import load_cpu_kernels
-from nanoserve.runtime.loading.model_config import ModelConfig
 from nanoserve.runtime.model.kv_pool import KVPool
 from nanoserve.runtime.model.layer_ops import CpuKernelOps, TorchOps
+from tests.tiny_models import tiny_model_config
 
-CONFIG = ModelConfig(
-    architecture="llama",
-    vocab_size=64,
-    hidden_size=64,
-    intermediate_size=64,
-    num_layers=1,
-    num_heads=4,
-    num_kv_heads=2,
-    head_dim=32,
-    rope_theta=10000.0,
-    rope_scaling=None,
-    rms_norm_eps=1e-5,
-    tie_word_embeddings=True,
-    attention_bias=False,
-    max_position_embeddings=64,
-    eos_token_ids=(2,),
-    bos_token_id=1,
+CONFIG = tiny_model_config(
+    vocab_size=64, intermediate_size=64, num_layers=1, head_dim=32, max_position_embeddings=64
 )
 BLOCK = 4
 

@@ -10,6 +10,7 @@ import torch
 
 from nanoserve.runtime.errors import ConfigError, UnsupportedModelError
 from nanoserve.runtime.loading.model_config import ModelConfig, RopeScaling, rope_inv_freq
+from tests.tiny_models import tiny_model_config
 
 LLAMA3_SCALING = {
     "rope_type": "llama3",
@@ -67,6 +68,7 @@ def test_from_hf_reads_a_saved_llama_config(tiny_llama_dir: Path) -> None:
         bos_token_id=1,
     )
     assert (config.q_size, config.kv_size) == (64, 32)
+    assert config == tiny_model_config()  # the shared tiny geometry is this model's
 
 
 def test_qwen2_has_qkv_bias_although_its_config_does_not_say(tiny_qwen2_dir: Path) -> None:
