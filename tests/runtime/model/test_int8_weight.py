@@ -36,7 +36,7 @@ def test_matmul_equals_the_dequantized_weight(dtype: torch.dtype) -> None:
 
 def test_int8_model_stays_close_to_fp32(tiny_llama_dir: Path) -> None:
     checkpoint = load_checkpoint(tiny_llama_dir)
-    from tests.runtime.test_model import paged_logits, rel_error
+    from tests.runtime.model.test_model import paged_logits, rel_error
 
     prompt = [5, 17, 3, 99, 250, 31, 7, 7, 7, 120, 64, 8, 200, 2, 11, 13]
 
