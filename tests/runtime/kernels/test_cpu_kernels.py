@@ -232,3 +232,89 @@ def test_bitmask_kernel_is_cores_masking(vocab: int) -> None:
     apply_token_bitmask(expected, bitmask, rows)
     ops.apply_token_bitmask(logits, bitmask, rows)
     assert torch.equal(logits, expected)
+
+
+def windowed_reference(
+    q: torch.Tensor, kv: torch.Tensor, rect: torch.Tensor, lens: torch.Tensor, window: int
+) -> torch.Tensor:
+    """Float64 attention of each token over the last `window` of its context's slots."""
+    heads, dim = 4, kv.shape[-1]
+    out = torch.zeros(q.shape[0], heads * dim, dtype=torch.float64)
+    for t, n in enumerate(lens.tolist()):
+        slots = rect[t, max(0, n - window) : n]
+        if not len(slots):
+            continue
+        k, v = kv[0, slots].double(), kv[1, slots].double()  # [n, kv_heads, dim]
+        for h in range(heads):
+            qh = q[t, h * dim : (h + 1) * dim].double()
+            weights = torch.softmax((k[:, h // 2] @ qh) * 0.2, dim=0)
+            out[t, h * dim : (h + 1) * dim] = weights @ v[:, h // 2]
+    return out
+
+
+@pytest.mark.parametrize("window", [1, 3, 5, 8])
+def test_a_sliding_window_sees_only_its_last_positions(
+    runnable_isas: list[str], window: int
+) -> None:
+    """Gemma 3's local layers: a token attends to its last `window` positions, itself
+    included; the same bits on every ISA, and a window as long as the context is no window."""
+    kv, rect = pool_and_rect(torch.float32, seed=11)
+    q = torch.randn(3, 4 * 32, generator=torch.Generator().manual_seed(12))
+    lens = torch.tensor([8, 2, 6])
+    results = on_every_isa(
+        runnable_isas, lambda: ops.paged_attention(q, kv, rect, None, lens, 0.2, 4, window)
+    )
+    assert_same_bits(results)
+    got = results["portable"]
+    assert isinstance(got, torch.Tensor)
+    want = windowed_reference(q, kv, rect, lens, window)
+    assert torch.allclose(got.double(), want, rtol=0, atol=2e-6), (got.double() - want).abs().max()
+    unbounded = ops.paged_attention(q, kv, rect, None, lens, 0.2, 4)
+    assert torch.equal(ops.paged_attention(q, kv, rect, None, lens, 0.2, 4, 8), unbounded)
+
+
+def test_geglu_and_head_norms_agree_with_torch_on_every_isa(runnable_isas: list[str]) -> None:
+    g = torch.Generator().manual_seed(13)
+    gate_up = torch.randn(5, 96, generator=g) * 3
+    qkv = torch.randn(5, (4 + 2 * 2) * 32, generator=g)
+    q_weight, k_weight = torch.randn(32, generator=g), torch.randn(32, generator=g)
+
+    def run() -> tuple[torch.Tensor, ...]:
+        normed = qkv.clone()
+        ops.head_rms_norm(normed, q_weight, k_weight, 4, 2, 1e-6)
+        return ops.gelu_mul(gate_up), normed
+
+    results = on_every_isa(runnable_isas, run)
+    assert_same_bits(results)
+    geglu, normed = results["portable"]  # type: ignore[misc]
+    gate, up = gate_up.double().chunk(2, dim=1)
+    want = torch.nn.functional.gelu(gate, approximate="tanh") * up
+    assert torch.allclose(geglu.double(), want, rtol=1e-6, atol=1e-6)
+    heads = qkv.double().view(5, 8, 32)
+    rms = heads.pow(2).mean(-1, keepdim=True).add(1e-6).rsqrt()
+    weights = torch.stack([q_weight] * 4 + [k_weight] * 2).double()  # [6, 32]
+    want_qk = (heads[:, :6] * rms[:, :6] * weights).reshape(5, -1)
+    assert torch.allclose(normed[:, : 6 * 32].double(), want_qk, rtol=1e-5, atol=1e-5)
+    assert torch.equal(normed[:, 6 * 32 :], qkv[:, 6 * 32 :])  # v is untouched
+
+
+@pytest.mark.parametrize(("length", "window"), [(37, 20), (37, 16), (37, 3), (33, 17), (40, 39)])
+def test_a_window_past_the_first_block_of_sixteen(
+    runnable_isas: list[str], length: int, window: int
+) -> None:
+    """A window that starts past position 16 skips whole blocks of scores and zeroes part of
+    the first block it reads."""
+    g = torch.Generator().manual_seed(14)
+    kv = torch.randn(2, 41, 2, 32, generator=g)
+    kv[:, 40] = float("nan")
+    rect = torch.randperm(40, generator=g)[None, :]  # [1, 40]
+    q = torch.randn(1, 4 * 32, generator=g)
+    lens = torch.tensor([length])
+    results = on_every_isa(
+        runnable_isas, lambda: ops.paged_attention(q, kv, rect, None, lens, 0.2, 4, window)
+    )
+    assert_same_bits(results)
+    got = results["portable"]
+    assert isinstance(got, torch.Tensor)
+    want = windowed_reference(q, kv, rect, lens, window)
+    assert torch.allclose(got.double(), want, rtol=0, atol=2e-6), (got.double() - want).abs().max()

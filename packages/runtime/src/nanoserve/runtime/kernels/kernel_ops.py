@@ -73,14 +73,35 @@ def paged_attention(
     context_lens: torch.Tensor,
     scale: float,
     heads: int,
+    window: int = 0,
 ) -> torch.Tensor:
     """Each token's attention over its first context_lens slots of its rectangle row
-    (rect_rows picks the row of a prompt token; None: token i reads row i)."""
-    return _ops.paged_attention(q, kv, rect, rect_rows, context_lens, scale, heads)
+    (rect_rows picks the row of a prompt token; None: token i reads row i). window > 0: only
+    the last `window` of them, itself included (a sliding-window layer)."""
+    return _ops.paged_attention(q, kv, rect, rect_rows, context_lens, scale, heads, window)
 
 
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """[rows, 2h] -> [rows, h]: silu(gate) * up."""
     return _ops.silu_mul(gate_up)
+
+
+def gelu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """[rows, 2h] -> [rows, h]: gelu_tanh(gate) * up (GeGLU)."""
+    return _ops.gelu_mul(gate_up)
+
+
+def head_rms_norm(
+    qkv: torch.Tensor,
+    q_weight: torch.Tensor,
+    k_weight: torch.Tensor,
+    heads: int,
+    kv_heads: int,
+    eps: float,
+) -> None:
+    """In place: each q head and each k head of qkv [tokens, (heads + 2 kv_heads) * head_dim]
+    RMS-normalised with its weight [head_dim] (per-head q/k norms); v untouched."""
+    _ops.head_rms_norm(qkv, q_weight, k_weight, heads, kv_heads, eps)
 
 
 def argmax(x: torch.Tensor) -> torch.Tensor:

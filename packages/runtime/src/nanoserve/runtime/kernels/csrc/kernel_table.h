@@ -51,6 +51,7 @@ struct AttentionArgs {
   int64_t heads, kv_heads, head_dim;
   float scale;
   KvType kv;
+  int64_t window;               // > 0: a token sees only its last `window` slots (sliding layers)
 };
 
 struct RopeArgs {
@@ -84,6 +85,8 @@ struct KernelTable {
                    int64_t r0, int64_t r1);
   // rows [r0, r1): out[:, i] = silu(gate_up[:, i]) * gate_up[:, half + i].
   void (*silu_mul)(const float* gate_up, float* out, int64_t half, int64_t r0, int64_t r1);
+  // the same with tanh-approximate GELU for SiLU (GeGLU).
+  void (*gelu_mul)(const float* gate_up, float* out, int64_t half, int64_t r0, int64_t r1);
   // rows [r0, r1) of [rows, k]: the index of each row's first maximum.
   void (*argmax)(const float* x, int64_t k, int64_t* out, int64_t r0, int64_t r1);
   int64_t row_tile;  // rows a linear reads one weight group for (register blocking)

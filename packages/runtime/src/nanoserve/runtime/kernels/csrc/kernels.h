@@ -139,6 +139,9 @@ bool attend(const AttentionArgs& a, int64_t token, int64_t kv_head, float* scrat
   const int64_t group = a.heads / a.kv_heads, dim = a.head_dim;
   const int64_t chunks = C ? C : dim / 16;
   const int64_t n = a.context_lens[token];
+  // A sliding layer's token sees positions [lo, n): its last `window`, itself included.
+  const int64_t lo = a.window > 0 && n > a.window ? n - a.window : 0;
+  const int64_t first = lo / 16 * 16;  // blocks of 16 start here; positions below lo weigh 0
   const int64_t* slots = a.rect + (a.rect_rows ? a.rect_rows[token] : token) * a.rect_stride;
   const int64_t slot_stride = a.kv_heads * dim, head_at = kv_head * dim;
   float* out = a.out + token * a.heads * dim + kv_head * group * dim;
@@ -146,16 +149,16 @@ bool attend(const AttentionArgs& a, int64_t token, int64_t kv_head, float* scrat
     for (int64_t i = 0; i < group * dim; ++i) out[i] = 0.f;
     return true;
   }
-  for (int64_t p = 0; p < n; ++p)  // a slot outside the pool is refused, never read
+  for (int64_t p = lo; p < n; ++p)  // a slot outside the pool is refused, never read
     if (static_cast<uint64_t>(slots[p]) >= static_cast<uint64_t>(a.num_slots)) return false;
   const int64_t padded = (n + 15) / 16 * 16;
   float* kbuf = scratch + group * padded;  // [16, dim]
   const float* q0 = a.q + token * a.q_stride + kv_head * group * dim;
 
-  // Scores, 16 positions at a time (positions past n read a visible slot and are dropped).
-  for (int64_t p0 = 0; p0 < padded; p0 += 16) {
+  // Scores, 16 positions at a time (positions outside [lo, n) read a visible slot and are dropped).
+  for (int64_t p0 = first; p0 < padded; p0 += 16) {
     for (int64_t i = 0; i < 16; ++i) {
-      const int64_t at = slots[p0 + i < n ? p0 + i : 0] * slot_stride + head_at;
+      const int64_t at = slots[p0 + i < n && p0 + i >= lo ? p0 + i : lo] * slot_stride + head_at;
       for (int64_t c = 0; c < chunks; ++c) f_store(kbuf + i * dim + 16 * c, load_kv<KV>(a.k, at + 16 * c));
     }
     for (int64_t h = 0; h < group; ++h) {
@@ -170,22 +173,24 @@ bool attend(const AttentionArgs& a, int64_t token, int64_t kv_head, float* scrat
       f_hsum16(dots, s);
       f_store(s, f_mul(f_load(s), f_set1(a.scale)));
       for (int64_t i = n - p0; i < 16; ++i) s[i] = -INFINITY;  // past n: no weight, no max
+      for (int64_t i = 0; i < lo - p0; ++i) s[i] = -INFINITY;  // before the window: the same
     }
   }
   // Per head: exp(s - max) with positions past n weighing exactly 0, and 1 / their sum.
   float inv[8 * 16];  // group <= 128
   for (int64_t h = 0; h < group; ++h) {
     float* s = scratch + h * padded;
-    F16 tops = f_load(s);
-    for (int64_t p = 16; p < padded; p += 16) tops = f_max(tops, f_load(s + p));
+    F16 tops = f_load(s + first);
+    for (int64_t p = first + 16; p < padded; p += 16) tops = f_max(tops, f_load(s + p));
     const float top = f_hmax(tops);
     F16 total = f_zero();
-    for (int64_t p = 0; p < padded; p += 16) {
+    for (int64_t p = first; p < padded; p += 16) {
       F16 e = f_exp(f_sub(f_load(s + p), f_set1(top)));
-      if (p + 16 > n) {
+      if (p + 16 > n || p < lo) {
         float lanes[16];
         f_store(lanes, e);
         for (int64_t i = n - p; i < 16; ++i) lanes[i] = 0.f;
+        for (int64_t i = 0; i < lo - p; ++i) lanes[i] = 0.f;
         e = f_load(lanes);
       }
       f_store(s + p, e);
@@ -199,7 +204,7 @@ bool attend(const AttentionArgs& a, int64_t token, int64_t kv_head, float* scrat
     F16 acc[4][C ? C : 16];
     for (int64_t h = 0; h < heads; ++h)
       for (int64_t c = 0; c < chunks; ++c) acc[h][c] = f_zero();
-    for (int64_t p = 0; p < n; ++p) {
+    for (int64_t p = lo; p < n; ++p) {
       const int64_t at = slots[p] * slot_stride + head_at;
       F16 v[C ? C : 16];
       for (int64_t c = 0; c < chunks; ++c) v[c] = load_kv<KV>(a.v, at + 16 * c);
@@ -313,6 +318,22 @@ void silu_mul(const float* gate_up, float* out, int64_t half, int64_t r0, int64_
   }
 }
 
+// GELU's tanh form as a sigmoid: 0.5 (1 + tanh u) = 1 / (1 + exp(-2u)), u = sqrt(2 / pi) (g +
+// 0.044715 g^3); no tanh of its own, and no cancellation near 0.
+void gelu_mul(const float* gate_up, float* out, int64_t half, int64_t r0, int64_t r1) {
+  const F16 one = f_set1(1.f), minus_two_beta = f_set1(-2.f * 0.7978845608028654f);
+  const F16 kappa = f_set1(0.044715f);
+  for (int64_t r = r0; r < r1; ++r) {
+    const float* gate = gate_up + r * 2 * half;
+    for (int64_t c = 0; c < half; c += 16) {
+      const F16 g = f_load(gate + c);
+      const F16 u = f_add(g, f_mul(kappa, f_mul(f_mul(g, g), g)));
+      const F16 gelu = f_div(g, f_add(one, f_exp(f_mul(minus_two_beta, u))));
+      f_store(out + r * half + c, f_mul(gelu, f_load(gate + half + c)));
+    }
+  }
+}
+
 // -- greedy picking ------------------------------------------------------------------------
 
 // Per row, the index of the first maximum, and torch's rule for NaN (the first NaN wins): a
@@ -362,5 +383,5 @@ void argmax_rows(const float* x, int64_t k, int64_t* out, int64_t r0, int64_t r1
 
 const KernelTable table = {
     NS_ISA_NAME, quantize, linear_kernel, attention, rope_write_kv, rms_norm, silu_mul,
-    argmax_rows, NS_ROW_TILE,
+    gelu_mul, argmax_rows, NS_ROW_TILE,
 };

@@ -65,7 +65,8 @@ KvType kv_type(const at::Tensor& kv) {
 
 at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& kv, const at::Tensor& rect,
                            const std::optional<at::Tensor>& rect_rows,
-                           const at::Tensor& context_lens, double scale, int64_t heads) {
+                           const at::Tensor& context_lens, double scale, int64_t heads,
+                           int64_t window) {
   check_pool(kv);
   const int64_t kv_heads = kv.size(2), dim = kv.size(3), tokens = q.size(0);
   TORCH_CHECK(heads > 0 && heads % kv_heads == 0 && heads / kv_heads <= 128, heads,
@@ -96,7 +97,8 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& kv, const at::
   const AttentionArgs args{q.data_ptr<float>(), q.stride(0), base,
                            base + kv.size(1) * kv_heads * dim * element, rect.data_ptr<int64_t>(),
                            rect.stride(0), rows, lens, out.data_ptr<float>(), kv.size(1), heads,
-                           kv_heads, dim, static_cast<float>(scale), kv_type(kv)};
+                           kv_heads, dim, static_cast<float>(scale), kv_type(kv),
+                           window > 0 ? window : 0};
   const int64_t group = heads / kv_heads, width = rect.size(1);
   std::atomic<bool> ok{true};
   const KernelTable* t = table();
@@ -188,6 +190,41 @@ at::Tensor silu_mul(const at::Tensor& gate_up) {
   return out;
 }
 
+at::Tensor gelu_mul(const at::Tensor& gate_up) {
+  check_rows(gate_up, "gate_up", 32);
+  const int64_t half = gate_up.size(1) / 2;
+  at::Tensor out = at::empty({gate_up.size(0), half}, gate_up.options());
+  const KernelTable* t = table();
+  at::parallel_for(0, gate_up.size(0), grain_for(half * 12), [&](int64_t r0, int64_t r1) {
+    t->gelu_mul(gate_up.data_ptr<float>(), out.data_ptr<float>(), half, r0, r1);
+  });
+  return out;
+}
+
+// In place: each q head and each k head of qkv [tokens, (heads + 2 kv_heads) * head_dim] is
+// RMS-normalised with its weight (Qwen3's and Gemma 3's q/k norms), as rms_norm computes a row.
+void head_rms_norm(at::Tensor qkv, const at::Tensor& q_weight, const at::Tensor& k_weight,
+                   int64_t heads, int64_t kv_heads, double eps) {
+  const int64_t dim = q_weight.numel();
+  check_norm_weight(q_weight, dim);
+  check_norm_weight(k_weight, dim);
+  TORCH_CHECK(dim % 16 == 0, "head_dim ", dim, " is not a multiple of 16");
+  TORCH_CHECK(qkv.scalar_type() == at::kFloat && qkv.dim() == 2 && qkv.stride(1) == 1 &&
+                  qkv.size(1) == (heads + 2 * kv_heads) * dim,
+              "qkv must be float32 [tokens, ", (heads + 2 * kv_heads) * dim, "], got ", qkv.sizes());
+  const KernelTable* t = table();
+  float* base = qkv.data_ptr<float>();
+  const int64_t stride = qkv.stride(0);
+  at::parallel_for(0, qkv.size(0), grain_for(qkv.size(1) * 2), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      float* row = base + r * stride;
+      t->rms_norm(row, nullptr, q_weight.data_ptr<float>(), row, dim, static_cast<float>(eps), 0, heads);
+      float* k = row + heads * dim;
+      t->rms_norm(k, nullptr, k_weight.data_ptr<float>(), k, dim, static_cast<float>(eps), 0, kv_heads);
+    }
+  });
+}
+
 at::Tensor argmax(const at::Tensor& x) {
   TORCH_CHECK(x.device().is_cpu() && x.scalar_type() == at::kFloat && x.dim() == 2 &&
                   x.is_contiguous() && x.size(1) > 0,
@@ -263,12 +300,15 @@ TORCH_LIBRARY(nanoserve, m) {
   m.def("dequantize_rows(Tensor rows, int type, int k, Tensor? ids=None) -> Tensor");
   m.def("weight_type_info(int type) -> (str, int, int, int, bool)", nanoserve::weight_type_info);
   m.def("paged_attention(Tensor q, Tensor kv, Tensor rect, Tensor? rect_rows, Tensor context_lens, "
-        "float scale, int heads) -> Tensor");
+        "float scale, int heads, int window=0) -> Tensor");
   m.def("rope_write_kv(Tensor(a!) qkv, Tensor positions, Tensor cos, Tensor sin, Tensor(b!) kv, "
         "Tensor slots, int heads) -> ()");
   m.def("rms_norm(Tensor x, Tensor w, float eps) -> Tensor");
   m.def("add_rms_norm(Tensor(a!) x, Tensor delta, Tensor w, float eps) -> Tensor");
   m.def("silu_mul(Tensor gate_up) -> Tensor");
+  m.def("gelu_mul(Tensor gate_up) -> Tensor");
+  m.def("head_rms_norm(Tensor(a!) qkv, Tensor q_weight, Tensor k_weight, int heads, int kv_heads, "
+        "float eps) -> ()");
   m.def("argmax(Tensor x) -> Tensor");
   m.def("apply_token_bitmask(Tensor(a!) logits, Tensor bitmask, Tensor rows) -> ()");
   m.def("kernel_isa() -> str", nanoserve::kernel_isa);
@@ -285,6 +325,8 @@ TORCH_LIBRARY_IMPL(nanoserve, CPU, m) {
   m.impl("rms_norm", nanoserve::rms_norm);
   m.impl("add_rms_norm", nanoserve::add_rms_norm);
   m.impl("silu_mul", nanoserve::silu_mul);
+  m.impl("gelu_mul", nanoserve::gelu_mul);
+  m.impl("head_rms_norm", nanoserve::head_rms_norm);
   m.impl("argmax", nanoserve::argmax);
   m.impl("apply_token_bitmask", nanoserve::apply_token_bitmask);
 }
