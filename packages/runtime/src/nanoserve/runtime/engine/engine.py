@@ -30,7 +30,7 @@ from nanoserve.runtime.decode.warmup import (
     record_warm_list,
 )
 from nanoserve.runtime.engine.block_manager import BlockManager, PrefixCacheStats
-from nanoserve.runtime.engine.engine_status import EngineStatus, PrefixCacheCounts
+from nanoserve.runtime.engine.engine_status import EngineStatus, snapshot
 from nanoserve.runtime.engine.prefill_timing import resolve_prefill_budget
 from nanoserve.runtime.engine.runner import ModelRunner
 from nanoserve.runtime.engine.sampler import SampleResult, SampleRow, sample
@@ -38,7 +38,6 @@ from nanoserve.runtime.engine.sampling_params import SamplingParams
 from nanoserve.runtime.engine.scheduler import Scheduler, SchedulerOutput
 from nanoserve.runtime.engine.sequence import Delta, Sequence, Status
 from nanoserve.runtime.engine_config import EngineConfig, EngineConfigError, ResolvedConfig
-from nanoserve.runtime.kernels.cpu_features import cpu_features
 from nanoserve.runtime.model.kv_pool import KVPool
 from nanoserve.runtime.model.llama import LlamaModel
 from nanoserve.runtime.model.memory import keep_freed_memory
@@ -374,36 +373,7 @@ class Engine:
         self.blocks.check(idle=not self.has_unfinished)
 
     def status(self) -> EngineStatus:
-        recordings = self.runner.recordings
-        config = self.config
-        stats = self.blocks.stats
-        return EngineStatus(
-            model=self.name,
-            dtype=config.dtype,
-            quantize=config.quantize,
-            device=config.device,
-            cpu=cpu_features().describe(),
-            kernels=self.runner.model.kernels,
-            weights=self.runner.model.weight_types,
-            weight_fallbacks=self.runner.model.weight_fallbacks,
-            decode_mode=config.decode_mode.value,
-            prefill_budget=self.prefill_budget,
-            max_model_len=config.max_model_len,
-            ready_seconds=self.ready_seconds,
-            pool=self.pool_plan,
-            blocks_in_use=self.blocks.num_in_use,
-            kv_cache_usage=self.blocks.usage(),
-            warm=self.warm_report,
-            recordings=recordings.stats() if recordings is not None else None,
-            running=self.num_running,
-            waiting=self.num_waiting,
-            waiting_requests=self.num_waiting_requests,
-            prefix_cache=PrefixCacheCounts(stats.queried_tokens, stats.hit_tokens),
-            prompt_tokens=self.prompt_tokens,
-            generation_tokens=self.generation_tokens,
-            finished=dict(self.finished),
-            steps=self.num_steps,
-        )
+        return snapshot(self)
 
 
 def _sample_row(seq: Sequence) -> SampleRow:
