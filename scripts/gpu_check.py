@@ -417,7 +417,7 @@ def run_gpu_tests(report: Report, out: Path, timeout_s: float) -> None:
     report.say(
         f"gpu tests: {counts['passed']} passed, {counts['failed']} failed, {counts['errors']}"
         f" errors, {counts['skipped']} skipped ({seconds:.0f} s; exit {proc.returncode});"
-        f" {counts['warnings']} deprecation warnings, reported (gpu-tests.txt)"
+        f" {counts['warnings']} warnings, reported (gpu-tests.txt)"
     )
     # 5: nothing collected (no gpu-marked test): not a failure of the code under test.
     if counts["failed"] or counts["errors"] or proc.returncode not in (0, 5):

@@ -134,3 +134,9 @@ def test_embedded_gguf_blocks_are_served_as_stored(embedded_checkpoint: Checkpoi
         assert torch.equal(dense(source, torch.float32, CPU), floats[name]), name
         linear = make_linear([source], "gguf", torch.float32, CPU)
         assert isinstance(linear, QuantLinear) and linear.kinds == (source.kind,)
+
+
+def test_auto_resolving_to_a_kernel_form_off_the_cpu_is_refused() -> None:
+    """What "auto" resolves to is checked as if it had been asked for."""
+    with pytest.raises(EngineConfigError, match="runs on nanoserve's CPU kernels, not on cuda"):
+        EngineConfig(device="cuda", quantize="auto").resolve(model_max_len=64, auto_quantize="gguf")

@@ -24,6 +24,14 @@ class EngineConfigError(NanoserveError, ValueError):
     """A configuration value is impossible; the message names the option."""
 
 
+def check_kernel_device(quantize: str | None, device: str) -> None:
+    """A kernel weight form (asked for, or what "auto" resolved to) runs on a CPU only."""
+    if quantize in KERNEL_FORMS and device.split(":")[0] != "cpu":
+        raise EngineConfigError(
+            f"quantize {quantize} runs on nanoserve's CPU kernels, not on {device}"
+        )
+
+
 class DecodeMode(str, Enum):
     """How a decode step runs; each mode adds one thing to the one before it.
 
@@ -109,10 +117,7 @@ class EngineConfig:
         if self.dtype not in DTYPES and self.dtype != AUTO:
             choices = ", ".join([AUTO, *sorted(DTYPES)])
             raise EngineConfigError(f"dtype must be one of {choices}, got {self.dtype!r}")
-        if quantize in KERNEL_FORMS and self.device.split(":")[0] != "cpu":
-            raise EngineConfigError(
-                f"quantize {quantize} runs on nanoserve's CPU kernels, not on {self.device}"
-            )
+        check_kernel_device(quantize, self.device)
         for name in ("max_batch", "max_num_batched_tokens", "block_size", "width_multiple"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
@@ -153,6 +158,7 @@ class EngineConfig:
         quantize = None if self.quantize == "none" else self.quantize
         if quantize == AUTO:
             quantize = auto_quantize
+        check_kernel_device(quantize, self.device)
         dtype = self.dtype
         if dtype == AUTO:
             dtype = auto_dtype(self.device, quantize in KERNEL_FORMS)

@@ -192,10 +192,10 @@ class Scheduler:
 
     def commit(self, out: SchedulerOutput) -> None:
         """After a step: advance computed counts, cache blocks that became full."""
-        block_size = self.blocks.block_size
+        block_size, caching = self.blocks.block_size, self.blocks.enable_prefix_cache
         for seq, item in zip(self.seqs_of(out), out.scheduled, strict=True):
             seq.num_computed += item.num_new
-            if seq.num_computed // block_size > len(seq.block_hashes):  # a block filled up
+            if caching and seq.num_computed // block_size > len(seq.block_hashes):  # one filled
                 self.blocks.cache_full_blocks(
                     seq.block_table, seq.token_ids(), seq.num_computed, seq.block_hashes
                 )
