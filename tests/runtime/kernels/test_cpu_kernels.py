@@ -252,6 +252,25 @@ def windowed_reference(
     return out
 
 
+def check_window(
+    isas: list[str],
+    q: torch.Tensor,
+    kv: torch.Tensor,
+    rect: torch.Tensor,
+    lens: torch.Tensor,
+    window: int,
+) -> None:
+    """The windowed kernel: the same bits on every ISA, and the float64 reference's values."""
+    results = on_every_isa(
+        isas, lambda: ops.paged_attention(q, kv, rect, None, lens, 0.2, 4, window)
+    )
+    assert_same_bits(results)
+    got = results["portable"]
+    assert isinstance(got, torch.Tensor)
+    want = windowed_reference(q, kv, rect, lens, window)
+    assert torch.allclose(got.double(), want, rtol=0, atol=2e-6), (got.double() - want).abs().max()
+
+
 @pytest.mark.parametrize("window", [1, 3, 5, 8])
 def test_a_sliding_window_sees_only_its_last_positions(
     runnable_isas: list[str], window: int
@@ -261,14 +280,7 @@ def test_a_sliding_window_sees_only_its_last_positions(
     kv, rect = pool_and_rect(torch.float32, seed=11)
     q = torch.randn(3, 4 * 32, generator=torch.Generator().manual_seed(12))
     lens = torch.tensor([8, 2, 6])
-    results = on_every_isa(
-        runnable_isas, lambda: ops.paged_attention(q, kv, rect, None, lens, 0.2, 4, window)
-    )
-    assert_same_bits(results)
-    got = results["portable"]
-    assert isinstance(got, torch.Tensor)
-    want = windowed_reference(q, kv, rect, lens, window)
-    assert torch.allclose(got.double(), want, rtol=0, atol=2e-6), (got.double() - want).abs().max()
+    check_window(runnable_isas, q, kv, rect, lens, window)
     unbounded = ops.paged_attention(q, kv, rect, None, lens, 0.2, 4)
     assert torch.equal(ops.paged_attention(q, kv, rect, None, lens, 0.2, 4, 8), unbounded)
 
@@ -310,11 +322,4 @@ def test_a_window_past_the_first_block_of_sixteen(
     rect = torch.randperm(40, generator=g)[None, :]  # [1, 40]
     q = torch.randn(1, 4 * 32, generator=g)
     lens = torch.tensor([length])
-    results = on_every_isa(
-        runnable_isas, lambda: ops.paged_attention(q, kv, rect, None, lens, 0.2, 4, window)
-    )
-    assert_same_bits(results)
-    got = results["portable"]
-    assert isinstance(got, torch.Tensor)
-    want = windowed_reference(q, kv, rect, lens, window)
-    assert torch.allclose(got.double(), want, rtol=0, atol=2e-6), (got.double() - want).abs().max()
+    check_window(runnable_isas, q, kv, rect, lens, window)
