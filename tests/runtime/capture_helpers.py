@@ -34,9 +34,14 @@ def warm(
 
 
 def tiny_engine(model_dir: Path, **config: object) -> Engine:
+    """The tiny model in float32 on config's device (default cpu), small pool and buckets."""
     checkpoint = load_checkpoint(model_dir)
     model = LlamaModel.from_tensors(
-        checkpoint.config, checkpoint.tensors(), dtype=torch.float32, max_positions=256
+        checkpoint.config,
+        checkpoint.tensors(),
+        dtype=torch.float32,
+        device=str(config.get("device", "cpu")),
+        max_positions=256,
     )
     defaults: dict[str, object] = {
         "max_model_len": 256,

@@ -13,28 +13,13 @@ from nanoserve.core.capture_gates import AddressesMovedError
 from nanoserve.runtime.decode.recordings import CudaGraphBackend
 from nanoserve.runtime.engine.engine import Engine
 from nanoserve.runtime.engine.sampling_params import SamplingParams
-from nanoserve.runtime.engine_config import EngineConfig
-from nanoserve.runtime.loading.checkpoint import load_checkpoint
-from nanoserve.runtime.model.llama import LlamaModel
-from tests.runtime.capture_helpers import run_joining_workload, warm
+from tests.runtime.capture_helpers import run_joining_workload, tiny_engine, warm
 
 pytestmark = pytest.mark.gpu
 
 
 def cuda_engine(model_dir: Path, **config: object) -> Engine:
-    checkpoint = load_checkpoint(model_dir)
-    model = LlamaModel.from_tensors(
-        checkpoint.config, checkpoint.tensors(), device="cuda", max_positions=256
-    )
-    defaults: dict[str, object] = {
-        "device": "cuda",
-        "max_model_len": 256,
-        "max_batch": 8,
-        "width_multiple": 8,
-        "block_size": 4,
-        "kv_budget_bytes": 1 << 22,
-    }
-    return Engine.from_config(model, checkpoint.tokenizer, EngineConfig(**{**defaults, **config}))  # type: ignore[arg-type]
+    return tiny_engine(model_dir, **{"device": "cuda", **config})
 
 
 def test_cuda_recordings_equal_the_same_shapes_run_eagerly(tiny_llama_dir: Path) -> None:
