@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import threading
 from pathlib import Path
 
@@ -228,3 +229,25 @@ def test_explicit_q4_on_a_float_checkpoint_quantizes_it(tiny_llama_dir: Path) ->
     engine, lines = boot(tiny_llama_dir, quantize="q4", dtype="auto")
     assert engine.config.dtype == "bfloat16"  # type: ignore[attr-defined]
     assert "dtype=bfloat16+q4" in lines[-1]
+
+
+def test_the_collector_is_off_during_the_boot_and_restored_after(tiny_llama_dir: Path) -> None:
+    seen: list[bool] = []
+    build_engine(
+        EngineConfig(model=str(tiny_llama_dir), max_model_len=64, kv_budget_bytes=1 << 22),
+        say=lambda _line: seen.append(gc.isenabled()),
+    )
+    assert seen and not any(seen)
+    assert gc.isenabled()
+    # A boot that fails restores it too, and one begun with it off leaves it off.
+    with pytest.raises(CheckpointError):
+        build_engine(EngineConfig(model=str(tiny_llama_dir / "missing")))
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        build_engine(
+            EngineConfig(model=str(tiny_llama_dir), max_model_len=64, kv_budget_bytes=1 << 22)
+        )
+        assert not gc.isenabled()
+    finally:
+        gc.enable()

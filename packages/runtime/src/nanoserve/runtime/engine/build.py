@@ -6,10 +6,12 @@ between recordings; a set one raises WarmupCancelled, which a server treats as a
 
 from __future__ import annotations
 
+import gc
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
 
@@ -52,13 +54,33 @@ def choose_weight_forms(
     return form
 
 
+@contextmanager
+def gc_paused() -> Iterator[None]:
+    """The cyclic collector off while a boot allocates: a GGUF's vocabulary and merges are
+    ~300k objects made at once, none of them garbage, and each automatic collection rescanned
+    them (0.35 s of a 0.75 s tokenizer build on a 150k vocabulary)."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
 def build_engine(
     config: EngineConfig,
     *,
     say: Callable[[str], None] | None = None,
     cancel: threading.Event | None = None,
 ) -> Engine:
-    say = say or log.info
+    with gc_paused():
+        return _build_engine(config, say or log.info, cancel)
+
+
+def _build_engine(
+    config: EngineConfig, say: Callable[[str], None], cancel: threading.Event | None
+) -> Engine:
     started = time.perf_counter()
     # A GGUF is opened in place (its header; the weights are a memory map): its tensor types
     # decide what "auto" serves.

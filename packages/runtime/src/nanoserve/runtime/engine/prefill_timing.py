@@ -1,7 +1,7 @@
 """measure_prefill_budget: the boot's timing of decode steps and a prompt chunk, as a budget.
 
-Three forwards over padding, each the fastest of a few runs (a shared machine's stolen time
-only ever adds): a decode step of one row, one of `max_batch` rows, and a prompt chunk. Every
+Three forwards over padding, each the fastest of two runs after a first that pays for
+allocations (a shared machine's stolen time only ever adds; the boot waits on every run): a decode step of one row, one of `max_batch` rows, and a prompt chunk. Every
 token of them writes the sink slot and reads only it, on a scratch pool of one block, so the
 measurement touches nothing a request will read. Decode rows see no context here, so the decode
 step is priced a little low, and the budget errs towards shorter chunks.
@@ -20,7 +20,7 @@ from nanoserve.runtime.engine_config import ResolvedConfig
 from nanoserve.runtime.model.kv_pool import KVPool
 from nanoserve.runtime.model.llama import LlamaModel
 
-REPEATS = 3
+REPEATS = 2
 
 
 def measure_prefill_budget(
@@ -36,9 +36,9 @@ def measure_prefill_budget(
     pool = KVPool(plan, model.device)
     sink = pool.plan.sink_slot
     rows = max(2, max_batch)
-    # A chunk of the size the budget gives out (tens of tokens): a long one's attention costs
-    # more per token, and would price the budget too low.
-    chunk = max(1, min(64, max_tokens, max_positions))
+    # A chunk of the size the budget gives out (tens of tokens): a longer one spreads the
+    # weights' reads over more tokens and would price a budget's chunk too cheap.
+    chunk = max(1, min(32, max_tokens, max_positions))
 
     def forward(plan: DecodePlan | PrefillPlan) -> Callable[[], object]:
         return lambda: model.forward(plan, pool.empty_rows())
