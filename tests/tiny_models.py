@@ -64,6 +64,27 @@ _TO_GGUF = {
     "mlp.down_proj": "ffn_down",
     "input_layernorm": "attn_norm",
     "post_attention_layernorm": "ffn_norm",
+    "self_attn.q_norm": "attn_q_norm",
+    "self_attn.k_norm": "attn_k_norm",
+}
+# Gemma 3's four norms, as llama.cpp names them.
+_TO_GGUF_GEMMA3 = _TO_GGUF | {
+    "post_attention_layernorm": "post_attention_norm",
+    "pre_feedforward_layernorm": "ffn_norm",
+    "post_feedforward_layernorm": "post_ffw_norm",
+}
+# The newer architectures' tiny geometry: what each needs to show its delta in 2 layers.
+TINY_ARCH_OVERRIDES: dict[str, dict[str, Any]] = {
+    "qwen3": {"head_dim": 16},
+    # five layers slide over 4 tokens (prompts of 20 cross it), the sixth is global: the
+    # pattern of every Gemma 3, which llama.cpp assumes rather than reads
+    "gemma3": {
+        "head_dim": 16,
+        "query_pre_attn_scalar": 16,  # head_dim, as every size but 27B (a GGUF cannot say)
+        "sliding_window": 4,
+        "num_hidden_layers": 6,
+    },
+    "smollm3": {"num_hidden_layers": 4, "pad_token_id": None},  # the fourth layer: no rotary
 }
 
 
@@ -125,9 +146,13 @@ def make_tiny_model_dir(
     config_cls, model_cls = {
         "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
         "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
+        "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM),
         "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM),
+        "gemma3": (transformers.Gemma3TextConfig, transformers.Gemma3ForCausalLM),
+        "smollm3": (transformers.SmolLM3Config, transformers.SmolLM3ForCausalLM),
     }[arch]
-    config = config_cls(**{**_TINY_GEOMETRY, "tie_word_embeddings": tie, **overrides})
+    geometry = {**_TINY_GEOMETRY, **TINY_ARCH_OVERRIDES.get(arch, {})}
+    config = config_cls(**{**geometry, "tie_word_embeddings": tie, **overrides})
     model = model_cls(config)
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
@@ -190,8 +215,9 @@ def write_tiny_gguf(
 
     config = json.loads((model_dir / "config.json").read_text())
     tok = json.loads((model_dir / "tokenizer.json").read_text())
-    arch_name = arch or config["model_type"]
+    arch_name = arch or {"gemma3_text": "gemma3"}.get(config["model_type"], config["model_type"])
     heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
+    head_dim = config.get("head_dim") or config["hidden_size"] // heads
     writer = gguf.GGUFWriter(str(out), arch_name)
     writer.add_block_count(config["num_hidden_layers"])
     writer.add_context_length(config["max_position_embeddings"])
@@ -199,9 +225,14 @@ def write_tiny_gguf(
     writer.add_feed_forward_length(config["intermediate_size"])
     writer.add_head_count(heads)
     writer.add_head_count_kv(kv_heads)
-    writer.add_rope_freq_base(config["rope_parameters"]["rope_theta"])
+    rope = config["rope_parameters"]
+    writer.add_rope_freq_base(rope.get("full_attention", rope)["rope_theta"])
     writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
-    writer.add_rope_dimension_count(config["hidden_size"] // heads)
+    writer.add_rope_dimension_count(head_dim)
+    writer.add_key_length(head_dim)
+    writer.add_value_length(head_dim)
+    if arch_name == "gemma3":
+        writer.add_sliding_window(config["sliding_window"])
     writer.add_vocab_size(config["vocab_size"])
     # The tokenizer, as llama.cpp stores a byte-level BPE.
     vocab = {**tok["model"]["vocab"], **{t["content"]: t["id"] for t in tok["added_tokens"]}}
@@ -220,13 +251,17 @@ def write_tiny_gguf(
     writer.add_chat_template(TINY_CHAT_TEMPLATE)
 
     raw_tensors = dict(raw_tensors or {})
+    if rope.get("rope_type") == "llama3":  # as llama.cpp's converter stores Llama 3.1+ scaling
+        raw_tensors.setdefault("rope_freqs.weight", (_llama3_rope_factors(rope, head_dim), None))
     for name, tensor in load_file(model_dir / "model.safetensors").items():
         values = tensor.float().numpy()
-        if arch_name == "llama" and ".q_proj." in name:
+        if arch_name in ("llama", "smollm3") and ".q_proj." in name:
             values = llamacpp_permute(values, heads)
-        elif arch_name == "llama" and ".k_proj." in name:
+        elif arch_name in ("llama", "smollm3") and ".k_proj." in name:
             values = llamacpp_permute(values, kv_heads)
-        gguf_name = _gguf_name(name)
+        elif arch_name == "gemma3" and name.endswith("norm.weight"):
+            values = values + 1.0  # llama.cpp's Gemma converter stores 1 + w
+        gguf_name = _gguf_name(name, arch_name)
         if gguf_name in raw_tensors:
             data, raw_type = raw_tensors.pop(gguf_name)
             writer.add_tensor(gguf_name, data, raw_dtype=raw_type)
@@ -236,7 +271,10 @@ def write_tiny_gguf(
         else:
             writer.add_tensor(gguf_name, gguf.quants.quantize(values, qtype), raw_dtype=qtype)
     for gguf_name, (data, raw_type) in raw_tensors.items():  # extra tensors
-        writer.add_tensor(gguf_name, data, raw_dtype=raw_type)
+        if raw_type is None:
+            writer.add_tensor(gguf_name, data)
+        else:
+            writer.add_tensor(gguf_name, data, raw_dtype=raw_type)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -283,7 +321,29 @@ def random_blocks(kind: str, rows: int, cols: int, seed: int, scale: float = 0.0
     return blocks.reshape(rows, -1)
 
 
-def _gguf_name(hf_name: str) -> str:
+def _llama3_rope_factors(rope: Mapping[str, Any], head_dim: int) -> np.ndarray:
+    """convert_hf_to_gguf.py's `rope_freqs` for Llama 3.1+ scaling: a divisor per frequency."""
+    import math
+
+    base, factor = rope["rope_theta"], rope["factor"]
+    low, high = rope["low_freq_factor"], rope["high_freq_factor"]
+    old_context = rope["original_max_position_embeddings"]
+    low_wavelen, high_wavelen = old_context / low, old_context / high
+    freqs = 1.0 / (base ** (np.arange(0, head_dim, 2, dtype=np.float32) / head_dim))
+    factors = []
+    for freq in freqs:
+        wavelen = 2 * math.pi / freq
+        if wavelen < high_wavelen:
+            factors.append(1.0)
+        elif wavelen > low_wavelen:
+            factors.append(factor)
+        else:
+            smooth = (old_context / wavelen - low) / (high - low)
+            factors.append(1 / ((1 - smooth) / factor + smooth))
+    return np.array(factors, dtype=np.float32)
+
+
+def _gguf_name(hf_name: str, arch: str = "llama") -> str:
     if hf_name == "model.embed_tokens.weight":
         return "token_embd.weight"
     if hf_name == "model.norm.weight":
@@ -292,7 +352,8 @@ def _gguf_name(hf_name: str) -> str:
         return "output.weight"
     _, _, layer, rest = hf_name.split(".", 3)
     part, kind = rest.rsplit(".", 1)
-    return f"blk.{layer}.{_TO_GGUF[part]}.{kind}"
+    names = _TO_GGUF_GEMMA3 if arch == "gemma3" else _TO_GGUF
+    return f"blk.{layer}.{names[part]}.{kind}"
 
 
 # -- a tiny GGUF of every weight type, the way a Q4_K_M file mixes them ------------------------------

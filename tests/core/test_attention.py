@@ -70,12 +70,16 @@ def dense_attention(
     k: torch.Tensor,  # [context, kv_heads, head_dim]
     v: torch.Tensor,  # [context, kv_heads, head_dim]
     query_positions: list[int],
+    window: int | None = None,
 ) -> torch.Tensor:  # [n, heads, head_dim] float64
     group = q.shape[1] // k.shape[1]
     k = k.double().repeat_interleave(group, dim=1)  # query head h reads K/V head h // group
     v = v.double().repeat_interleave(group, dim=1)
     scores = torch.einsum("nhd,chd->hnc", q.double(), k) * SCALE
-    causal = torch.arange(k.shape[0])[None, :] <= torch.tensor(query_positions)[:, None]
+    keys, queries = torch.arange(k.shape[0])[None, :], torch.tensor(query_positions)[:, None]
+    causal = keys <= queries
+    if window is not None:  # a query sees its last `window` positions, itself included
+        causal &= keys > queries - window
     weights = torch.softmax(scores.masked_fill(~causal, float("-inf")), dim=-1)
     return torch.einsum("hnc,chd->nhd", weights, v)
 
@@ -204,6 +208,33 @@ def prefill(chunks: list[PrefillChunk], q: torch.Tensor, **kwargs: object) -> to
 def full_causal(seq_id: int, length: int) -> torch.Tensor:
     k, v = KV[seq_id]
     return dense_attention(QUERIES[seq_id][:length], k[:length], v[:length], list(range(length)))
+
+
+@pytest.mark.parametrize("window", [1, 3, 8])
+def test_a_sliding_window_equals_dense_attention_within_it(window: int) -> None:
+    """Decode rows and a prompt chunk over a cached prefix, each position seeing its last
+    `window` positions (a window of 1: itself alone, so its own V)."""
+    k_pool, v_pool = pool(float("nan"))
+    plan = plan_decode(decode_seqs(POSITIONS), sink_slot=SINK)
+    out = paged_decode_attention(
+        decode_queries(POSITIONS), k_pool, v_pool, plan.slot_rect, plan.context_lens, SCALE,
+        window=window,
+    )  # fmt: skip
+    for row, (s, p) in enumerate(POSITIONS.items()):
+        k, v = KV[s]
+        expected = dense_attention(QUERIES[s][p : p + 1], k[: p + 1], v[: p + 1], [p], window)
+        torch.testing.assert_close(out[row], expected[0].float(), **TOL)
+    chunk = PrefillChunk(10, (0, 0, 0), 5, TABLES[10])
+    prefill_plan = plan_prefill([chunk], sink_slot=SINK)
+    out = paged_prefill_attention(
+        QUERIES[10][5:8], k_pool, v_pool, prefill_plan.query_starts,
+        prefill_plan.context_lens.tolist(), prefill_plan.slot_rect, SCALE, window=window,
+    )  # fmt: skip
+    k, v = KV[10]
+    expected = dense_attention(QUERIES[10][5:8], k, v, [5, 6, 7], window)
+    torch.testing.assert_close(out, expected.float(), **TOL)
+    if window == 1:
+        torch.testing.assert_close(out[:, 0], v[5:8, 0], **TOL)
 
 
 def test_prefill_of_a_whole_prompt_equals_causal_attention() -> None:

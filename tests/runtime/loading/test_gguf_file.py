@@ -15,7 +15,12 @@ import torch
 from gguf import GGMLQuantizationType as Q
 from safetensors.torch import load_file
 
-from nanoserve.runtime.errors import UnsupportedModelError, UnsupportedQuantError, WeightsError
+from nanoserve.runtime.errors import (
+    ConfigError,
+    UnsupportedModelError,
+    UnsupportedQuantError,
+    WeightsError,
+)
 from nanoserve.runtime.loading.checkpoint import Checkpoint, load_checkpoint
 from nanoserve.runtime.loading.gguf_file import hf_tensor_name
 
@@ -58,7 +63,8 @@ def _permuted(
         ("blk.3.attn_norm.weight", "model.layers.3.input_layernorm.weight"),
         ("blk.3.ffn_norm.weight", "model.layers.3.post_attention_layernorm.weight"),
         ("rope_freqs.weight", None),
-        ("blk.0.attn_q_norm.weight", None),
+        ("blk.0.attn_q_norm.weight", "model.layers.0.self_attn.q_norm.weight"),
+        ("blk.0.post_ffw_norm.weight", None),
     ],
 )
 def test_tensor_names(gguf_name: str, hf_name: str | None) -> None:
@@ -226,14 +232,14 @@ def test_unknown_architecture(
         load_checkpoint(path)
 
 
-def test_llama3_rope_freqs_tensor_is_refused(
+def test_rope_freqs_of_the_wrong_length_are_refused(
     tiny_llama_dir: Path, tmp_path: Path, write_tiny_gguf: Callable[..., Path]
 ) -> None:
-    freqs = (np.ones(8, dtype=np.float32), Q.F32)
+    freqs = (np.ones(5, dtype=np.float32), Q.F32)
     path = write_tiny_gguf(
         tiny_llama_dir, tmp_path / "r.gguf", raw_tensors={"rope_freqs.weight": freqs}
     )
-    with pytest.raises(UnsupportedModelError, match="rope_freqs"):
+    with pytest.raises(ConfigError, match="rope_freqs must be 8 positive factors, got 5"):
         load_checkpoint(path)
 
 

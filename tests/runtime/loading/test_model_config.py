@@ -9,7 +9,12 @@ import pytest
 import torch
 
 from nanoserve.runtime.errors import ConfigError, UnsupportedModelError
-from nanoserve.runtime.loading.model_config import ModelConfig, RopeScaling, rope_inv_freq
+from nanoserve.runtime.loading.model_config import (
+    LinearRope,
+    ModelConfig,
+    RopeScaling,
+    rope_inv_freq,
+)
 from tests.tiny_models import tiny_model_config
 
 LLAMA3_SCALING = {
@@ -154,11 +159,11 @@ def test_invalid_values_name_field_and_value(changes: dict[str, Any], message: s
         ({"rope_parameters": {"rope_type": "yarn", "factor": 4.0}}, "rope_type='yarn'"),
         ({"hidden_act": "gelu"}, "hidden_act='gelu'"),
         ({"mlp_bias": True}, "mlp_bias=True"),
-        ({"model_type": "mistral", "sliding_window": 128}, "sliding_window=128"),
-        (
-            {"model_type": "qwen2", "use_sliding_window": True, "sliding_window": 64},
-            "sliding_window=64",
-        ),
+        ({"model_type": "phi3"}, "model_type 'phi3' is not supported"),
+        ({"model_type": "gemma3"}, "Gemma 3 with its vision tower"),
+        ({"model_type": "gemma3_text", "final_logit_softcapping": 30.0}, "final_logit_softcapping"),
+        ({"layer_types": ["full_attention", "linear_attention"]}, "'linear_attention'"),
+        ({"partial_rotary_factor": 0.5}, "partial_rotary_factor=0.5"),
     ],
 )
 def test_unsupported_variants_are_named(changes: dict[str, Any], message: str) -> None:
@@ -211,3 +216,61 @@ def test_llama3_inv_freq_matches_transformers(factor: float) -> None:
     assert bool((ours == unscaled).any())
     assert bool((ours == unscaled / factor).any())
     assert bool(((ours != unscaled) & (ours != unscaled / factor)).any())
+
+
+def test_windows_of_mistral_and_qwen2_are_served_per_layer() -> None:
+    mistral = ModelConfig.from_hf(_tiny_json(model_type="mistral", sliding_window=128))
+    assert (mistral.sliding_window, mistral.sliding_layers) == (128, (0, 1))
+    qwen2 = ModelConfig.from_hf(
+        _tiny_json(
+            model_type="qwen2", use_sliding_window=True, sliding_window=64, max_window_layers=1
+        )
+    )
+    assert (qwen2.sliding_window, qwen2.sliding_layers) == (64, (1,))
+    assert [qwen2.layer_window(i) for i in range(2)] == [None, 64]
+    # A window no narrower than the context is no window (Mistral's 4096 at 4k).
+    wide = ModelConfig.from_hf(_tiny_json(model_type="mistral", sliding_window=256))
+    assert wide.sliding_window is None and wide.sliding_layers == ()
+
+
+def test_gemma3_text_config_reads_every_delta() -> None:
+    config = ModelConfig.from_hf(
+        _tiny_json(
+            model_type="gemma3_text",
+            head_dim=16,
+            query_pre_attn_scalar=24,
+            sliding_window=4,
+            num_hidden_layers=7,
+            rope_parameters={
+                "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
+                "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+            },
+        )
+    )
+    assert config.architecture == "gemma3" and config.hidden_act == "gelu_tanh"
+    assert config.qk_norm and config.sandwich_norm and config.norm_offset == 1.0
+    assert config.embedding_multiplier == 8.0  # sqrt(64)
+    assert config.attention_scale == 24**-0.5
+    assert (config.sliding_window, config.sliding_layers) == (4, (0, 1, 2, 3, 4, 6))
+    assert (config.rope_theta, config.sliding_rope_theta) == (1e6, 1e4)
+    assert config.rope_scaling == LinearRope(8.0)
+    # The global layers' rotary is scaled, the sliding layers' is not.
+    base = rope_inv_freq(config, sliding=True)
+    assert torch.equal(base, 1.0 / 1e4 ** (torch.arange(0, 16, 2).float() / 16))
+    assert torch.equal(
+        rope_inv_freq(config), 1.0 / 1e6 ** (torch.arange(0, 16, 2).float() / 16) / 8
+    )
+    assert ModelConfig.from_hf(config.to_hf()) == config
+
+
+def test_qwen3_and_smollm3_deltas() -> None:
+    qwen3 = ModelConfig.from_hf(_tiny_json(model_type="qwen3", head_dim=32))
+    assert qwen3.qk_norm and not qwen3.attention_bias and qwen3.head_dim == 32
+    assert ModelConfig.from_hf(qwen3.to_hf()) == qwen3
+    smol = ModelConfig.from_hf(_tiny_json(model_type="smollm3", num_hidden_layers=8))
+    assert smol.no_rope_layers == (3, 7)  # every fourth layer, transformers' default
+    given = ModelConfig.from_hf(
+        _tiny_json(model_type="smollm3", no_rope_layers=[1, 0], num_hidden_layers=2)
+    )
+    assert given.no_rope_layers == (1,)
+    assert ModelConfig.from_hf(smol.to_hf()) == smol

@@ -3,6 +3,8 @@ rotary bit for bit), over the same pool, slot rectangle and plans."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -30,7 +32,7 @@ def tables() -> tuple[torch.Tensor, torch.Tensor]:
 def both() -> tuple[TorchOps, CpuKernelOps]:
     load_cpu_kernels()
     cos, sin = tables()
-    return TorchOps(CONFIG, cos, sin, torch.float32), CpuKernelOps(CONFIG, cos, sin)
+    return TorchOps(CONFIG, [(cos, sin)], torch.float32), CpuKernelOps(CONFIG, [(cos, sin)])
 
 
 def pool(dtype: torch.dtype = torch.float32) -> KVPool:
@@ -68,7 +70,46 @@ def test_silu_mul(both: tuple[TorchOps, CpuKernelOps]) -> None:
     ref, ours = both
     gate_up = torch.randn(3, 128, generator=torch.Generator().manual_seed(1)) * 5
     gate_up[0, 0], gate_up[0, 1] = 100.0, -100.0  # exp's clamps: silu(100) = 100, silu(-100) ~ 0
-    assert close(ours.silu_mul(gate_up), ref.silu_mul(gate_up), 1e-6)
+    assert close(ours.gated_act(gate_up), ref.gated_act(gate_up), 1e-6)
+
+
+def test_gelu_mul() -> None:
+    config = dataclasses.replace(CONFIG, hidden_act="gelu_tanh")
+    cos, sin = tables()
+    ref, ours = TorchOps(config, [(cos, sin)], torch.float32), CpuKernelOps(config, [(cos, sin)])
+    gate_up = torch.randn(3, 128, generator=torch.Generator().manual_seed(4)) * 5
+    expected = torch.nn.functional.gelu(gate_up[:, :64], approximate="tanh") * gate_up[:, 64:]
+    assert close(ref.gated_act(gate_up), expected, 0)
+    assert close(ours.gated_act(gate_up), expected, 1e-6)
+
+
+def test_head_norms_and_no_rotary_layers_agree() -> None:
+    """Per-head q/k norms before rotary, and a layer without rotary (the kernel's identity
+    table): the same q and pool on both sets, bit for bit where rotary is, within rounding for
+    the norm."""
+    config = dataclasses.replace(CONFIG, no_rope_layers=(0,))
+    cos, sin = tables()
+    ref, ours = TorchOps(config, [(cos, sin)], torch.float32), CpuKernelOps(config, [(cos, sin)])
+    g = torch.Generator().manual_seed(5)
+    norms = (torch.randn(32, generator=g), torch.randn(32, generator=g))
+    for rotary_ref, rotary_ours in ((None, None), (ref.rotary, ours.rotary)):
+        ref_pool, our_pool = pool(), pool()
+        _, plan = prompt_plan(ref_pool, (5, 3))
+        qkv = torch.randn(8, (4 + 4) * 32, generator=g)
+        table_ref = rotary_ref(plan)[0] if rotary_ref else None
+        table_ours = rotary_ours(plan)[0] if rotary_ours else None
+        q_ref = ref.rotate_and_cache(qkv.clone(), table_ref, plan, ref_pool.view((0, 1)), 0, norms)
+        q_ours = ours.rotate_and_cache(
+            qkv.clone(), table_ours, plan, our_pool.view((0, 1)), 0, norms
+        )
+        assert close(q_ours, q_ref)
+        assert close(our_pool.storage(0), ref_pool.storage(0))
+    # Without rotary and norms, q and k pass unchanged: the identity table turns nothing.
+    kv = pool()
+    _, plan = prompt_plan(kv, (5, 3))
+    qkv = torch.randn(8, (4 + 4) * 32, generator=g)
+    q = ours.rotate_and_cache(qkv.clone(), None, plan, kv.view((0, 1)), 0)
+    assert torch.equal(q, qkv[:, :128])
 
 
 def prompt_plan(kv: KVPool, lengths: tuple[int, ...]) -> tuple[list[BlockTable], object]:
@@ -89,16 +130,17 @@ def test_rotary_is_bit_for_bit_and_kv_lands_in_its_slots(
     ref_pool, our_pool = pool(), pool()
     _, plan = prompt_plan(ref_pool, (5, 3))
     qkv = torch.randn(8, (4 + 4) * 32, generator=torch.Generator().manual_seed(2))
-    q_ref = ref.rotate_and_cache(qkv.clone(), ref.rotary(plan), plan, ref_pool.view((0, 1)), 0)
+    q_ref = ref.rotate_and_cache(qkv.clone(), ref.rotary(plan)[0], plan, ref_pool.view((0, 1)), 0)
     ours_qkv = qkv.clone()
-    q_ours = ours.rotate_and_cache(ours_qkv, ours.rotary(plan), plan, our_pool.view((0, 1)), 0)
+    q_ours = ours.rotate_and_cache(ours_qkv, ours.rotary(plan)[0], plan, our_pool.view((0, 1)), 0)
     assert torch.equal(q_ours, q_ref)
     assert torch.equal(our_pool.storage(0), ref_pool.storage(0))
 
 
+@pytest.mark.parametrize("window", [None, 2, 5])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_prefill_and_decode_attention(
-    both: tuple[TorchOps, CpuKernelOps], dtype: torch.dtype
+    both: tuple[TorchOps, CpuKernelOps], dtype: torch.dtype, window: int | None
 ) -> None:
     ref, ours = both
     kv = pool(dtype)
@@ -106,19 +148,20 @@ def test_prefill_and_decode_attention(
     tables_, plan = prompt_plan(kv, (6, 3))
     g = torch.Generator().manual_seed(3)
     qkv = torch.randn(9, (4 + 4) * 32, generator=g)
-    q = ours.rotate_and_cache(qkv, ours.rotary(plan), plan, kv.view((0, 1)), 0)
+    q = ours.rotate_and_cache(qkv, ours.rotary(plan)[0], plan, kv.view((0, 1)), 0)
     q = q.contiguous()
     assert close(
-        ours.attention(q, plan, kv.view((0, 1)), 0), ref.attention(q, plan, kv.view((0, 1)), 0)
+        ours.attention(q, plan, kv.view((0, 1)), 0, window),
+        ref.attention(q, plan, kv.view((0, 1)), 0, window),
     )
     # The same two sequences decoding one token each; a padded row sees nothing and gives zeros.
     seqs = [DecodeSeq(i, 7, n, t) for i, (n, t) in enumerate(zip((6, 3), tables_, strict=True))]
     step = plan_decode(seqs, sink_slot=kv.plan.sink_slot)
     q = torch.randn(2, 4 * 32, generator=g)
-    out = ours.attention(q, step, kv.view((0, 1)), 0)
-    assert close(out, ref.attention(q, step, kv.view((0, 1)), 0))
+    out = ours.attention(q, step, kv.view((0, 1)), 0, window)
+    assert close(out, ref.attention(q, step, kv.view((0, 1)), 0, window))
     # A row alone gives the bits it gives in the batch.
     last = ours.attention(
-        q[:1], plan_decode(seqs[:1], sink_slot=kv.plan.sink_slot), kv.view((0,)), 0
+        q[:1], plan_decode(seqs[:1], sink_slot=kv.plan.sink_slot), kv.view((0,)), 0, window
     )
     assert torch.equal(last, out[:1])

@@ -80,8 +80,21 @@ def tiny_prompt() -> list[int]:
         ),
         ("qwen2", False, {}),
         ("mistral", True, {}),
+        ("qwen3", True, {}),
+        ("gemma3", True, {"query_pre_attn_scalar": 24}),
+        ("smollm3", True, {}),
     ],
-    ids=["llama-tied", "llama-untied", "llama-mqa", "llama3-rope", "qwen2-bias", "mistral"],
+    ids=[
+        "llama-tied",
+        "llama-untied",
+        "llama-mqa",
+        "llama3-rope",
+        "qwen2-bias",
+        "mistral",
+        "qwen3-qk-norm",
+        "gemma3-window",
+        "smollm3-nope",
+    ],
 )
 def test_tiny_logits_match_transformers(
     make_tiny_model_dir: Any,

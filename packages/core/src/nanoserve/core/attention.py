@@ -31,8 +31,10 @@ def paged_decode_attention(
     context_lens: torch.Tensor,  # [rows]
     scale: float,
     accum_dtype: torch.dtype = torch.float32,
+    window: int | None = None,
 ) -> torch.Tensor:  # [rows, heads, head_dim]
-    """One query per row over that row's first context_lens[row] slots; a row of 0 gives zeros."""
+    """One query per row over that row's first context_lens[row] slots (the last `window` of
+    them, with a sliding window); a row of 0 gives zeros."""
     rows, num_heads, head_dim = q.shape
     num_kv_heads = k_pool.shape[1]
     group = _check_heads(num_heads, num_kv_heads)
@@ -41,10 +43,13 @@ def paged_decode_attention(
         raise GeometryError(
             f"q has {rows} rows, slot_rect {slot_rect.shape[0]}, context_lens {context_lens.shape[0]}"
         )
-    visible = torch.arange(width, device=q.device) < context_lens[:, None]  # [rows, width]
-    # Masked positions may name the sink, which holds anything. Read a visible slot there
-    # instead (its weight is exactly 0 and its value finite, so it adds exactly 0); a row
-    # with nothing visible is zeroed at the end.
+    columns = torch.arange(width, device=q.device)
+    visible = columns < context_lens[:, None]  # [rows, width]
+    if window is not None:
+        visible &= columns >= context_lens[:, None] - window
+    # Masked positions may name the sink, which holds anything. Read a written slot there
+    # instead (position 0's: its weight is exactly 0 and its value finite, so it adds exactly
+    # 0); a row with nothing visible is zeroed at the end.
     safe_rect = torch.where(visible, slot_rect, slot_rect[:, :1]).reshape(-1)
     # Batch (row, kv_head): K/V of a row's head are [width, head_dim] contiguous after _gather.
     k = _gather(k_pool, safe_rect, rows, accum_dtype).view(rows * num_kv_heads, width, head_dim)
@@ -89,8 +94,10 @@ def paged_prefill_attention(
     slot_rect: torch.Tensor,  # [chunks, width]
     scale: float,
     accum_dtype: torch.dtype = torch.float32,
+    window: int | None = None,
 ) -> torch.Tensor:  # [tokens, heads, head_dim]
-    """Causal attention of each chunk's queries over its sequence's prefix and itself."""
+    """Causal attention of each chunk's queries over its sequence's prefix and itself (the
+    last `window` positions of it, with a sliding window)."""
     num_tokens, num_heads, head_dim = q.shape
     num_kv_heads = k_pool.shape[1]
     group = _check_heads(num_heads, num_kv_heads)
@@ -122,7 +129,10 @@ def paged_prefill_attention(
         scores = scores.to(_stats_dtype(accum_dtype)).mul_(scale)
         scores = scores.view(num_kv_heads, group, num_new, context_len)
         query_pos = torch.arange(context_len - num_new, context_len, device=q.device)
-        visible = torch.arange(context_len, device=q.device)[None, :] <= query_pos[:, None]
+        keys = torch.arange(context_len, device=q.device)[None, :]
+        visible = keys <= query_pos[:, None]
+        if window is not None:
+            visible &= keys > query_pos[:, None] - window
         scores.masked_fill_(~visible, float("-inf"))
         weights = torch.softmax(scores, dim=-1).to(accum_dtype)
         weights = weights.view(num_kv_heads, group * num_new, context_len)
@@ -135,6 +145,6 @@ def paged_prefill_attention(
         tokens = torch.tensor([query_starts[c] for c in singles], device=q.device)
         lens = torch.tensor([context_lens[c] for c in singles], device=q.device)
         out[tokens] = paged_decode_attention(
-            q[tokens], k_pool, v_pool, slot_rect[index], lens, scale, accum_dtype
+            q[tokens], k_pool, v_pool, slot_rect[index], lens, scale, accum_dtype, window
         )
     return out

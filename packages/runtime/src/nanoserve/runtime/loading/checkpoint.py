@@ -130,12 +130,29 @@ def expected_tensor_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
         shapes[f"{mlp}.gate_proj.weight"] = (inter, hidden)
         shapes[f"{mlp}.up_proj.weight"] = (inter, hidden)
         shapes[f"{mlp}.down_proj.weight"] = (hidden, inter)
-        shapes[f"model.layers.{i}.input_layernorm.weight"] = (hidden,)
-        shapes[f"model.layers.{i}.post_attention_layernorm.weight"] = (hidden,)
+        if config.qk_norm:  # one RMSNorm weight per head dimension, shared by the heads
+            shapes[f"{attn}.q_norm.weight"] = (config.head_dim,)
+            shapes[f"{attn}.k_norm.weight"] = (config.head_dim,)
+        for norm in layer_norm_names(config):
+            shapes[f"model.layers.{i}.{norm}.weight"] = (hidden,)
     shapes["model.norm.weight"] = (hidden,)
     if not config.tie_word_embeddings:
         shapes["lm_head.weight"] = (config.vocab_size, hidden)
     return shapes
+
+
+def layer_norm_names(config: ModelConfig) -> tuple[str, ...]:
+    """A layer's RMSNorms by Hugging Face name: Llama's two (before attention, before the MLP);
+    with sandwich norms (Gemma 3) four, where `post_attention_layernorm` normalises attention's
+    output and `pre_feedforward_layernorm` is the one before the MLP."""
+    if config.sandwich_norm:
+        return (
+            "input_layernorm",
+            "post_attention_layernorm",
+            "pre_feedforward_layernorm",
+            "post_feedforward_layernorm",
+        )
+    return ("input_layernorm", "post_attention_layernorm")
 
 
 def check_tensor_shapes(

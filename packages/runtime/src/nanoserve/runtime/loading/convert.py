@@ -38,14 +38,25 @@ def convert_gguf(gguf_path: str | os.PathLike[str], out_dir: str | os.PathLike[s
     checkpoint = load_checkpoint(gguf_path)
     if checkpoint.format != "gguf":
         raise WeightsError(gguf_path, "is not a .gguf file")
+    config = checkpoint.config.to_hf()  # first: a config with no config.json form is refused
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    _write_safetensors(out / "model.safetensors", checkpoint.tensor_shapes(), checkpoint.tensors())
-    _write_json(out / "config.json", checkpoint.config.to_hf())
+    _write_safetensors(
+        out / "model.safetensors", checkpoint.tensor_shapes(), _hf_values(checkpoint)
+    )
+    _write_json(out / "config.json", config)
     (out / "tokenizer.json").write_text(checkpoint.tokenizer.to_json(), encoding="utf-8")
     _write_json(out / "tokenizer_config.json", _tokenizer_config(checkpoint))
     _write_json(out / "generation_config.json", _generation_config(checkpoint))
     return out
+
+
+def _hf_values(checkpoint: Checkpoint) -> Iterable[tuple[str, torch.Tensor]]:
+    """The tensors as transformers reads them: Gemma 3's GGUF norms hold 1 + w (llama.cpp's
+    converter added the 1); a config.json of gemma3_text implies it, so w is written."""
+    shift = checkpoint.config.architecture == "gemma3" and checkpoint.config.norm_offset == 0.0
+    for name, tensor in checkpoint.tensors():
+        yield name, tensor - 1.0 if shift and name.endswith("norm.weight") else tensor
 
 
 def cached_conversion(

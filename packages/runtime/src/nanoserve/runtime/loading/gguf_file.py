@@ -4,8 +4,14 @@ Three things differ from a Hugging Face checkpoint and are undone here, tensor b
 
 - names: `blk.3.attn_q.weight` is `model.layers.3.self_attn.q_proj.weight`, and so on;
 - shapes: GGUF lists dimensions fastest-first, the reverse of torch;
-- rows: llama.cpp's converter permutes the rows of Llama's Q and K projections (per head, the
-  two rotary halves interleaved) for its rotary kernel. Qwen2 is converted without it.
+- rows: llama.cpp's converter permutes the rows of Llama's (and SmolLM3's) Q and K projections
+  (per head, the two rotary halves interleaved) for its rotary kernel. Qwen2, Qwen3 and Gemma 3
+  are converted without it.
+
+Gemma 3's converter also adds the 1 of its `(1 + w)` norms into the stored weights, so a GGUF's
+config says `norm_offset=0`; and llama.cpp fixes what the file does not store (the sliding
+layers' rotary base 10000, every sixth layer global, SmolLM3's rotary-free fourth layers) as
+its loader does.
 
 Opening parses the header (gguf_reader.py) and maps the file; nothing of the weights is read.
 `iter_tensors` hands each tensor over when it reaches it: as its blocks, a view of the map
@@ -35,7 +41,12 @@ from nanoserve.runtime.kernels import kernel_ops
 from nanoserve.runtime.loading.gguf_blocks import GgufBlocks
 from nanoserve.runtime.loading.gguf_reader import GgufReader, TensorInfo
 from nanoserve.runtime.loading.gguf_types import DEQUANTIZED_HERE, GGML_TYPES, GgmlType
-from nanoserve.runtime.loading.model_config import Architecture, ModelConfig
+from nanoserve.runtime.loading.model_config import (
+    Architecture,
+    FreqFactors,
+    LinearRope,
+    ModelConfig,
+)
 from nanoserve.runtime.text.tokenizer import Tokenizer
 
 # The `gguf` package dequantizes these too (its `quants` module), more slowly.
@@ -44,7 +55,8 @@ _GGUF_PACKAGE_TYPES = frozenset(
     | {"MXFP4", "TQ1_0", "TQ2_0"}
 )
 SUPPORTED_TYPES = DEQUANTIZED_HERE | _GGUF_PACKAGE_TYPES
-_ARCHITECTURES: tuple[Architecture, ...] = ("llama", "qwen2")
+_ARCHITECTURES: tuple[Architecture, ...] = ("llama", "qwen2", "qwen3", "gemma3", "smollm3")
+_PERMUTED: tuple[Architecture, ...] = ("llama", "smollm3")  # Q/K rows interleaved per head
 _GLOBAL_NAMES = {
     "token_embd": "model.embed_tokens",
     "output_norm": "model.norm",
@@ -60,15 +72,27 @@ _LAYER_NAMES = {
     "ffn_down": "mlp.down_proj",
     "attn_norm": "input_layernorm",
     "ffn_norm": "post_attention_layernorm",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
 }
+# Gemma 3's four norms: llama.cpp's ffn_norm is the one before the MLP there.
+_GEMMA3_LAYER_NAMES = _LAYER_NAMES | {
+    "ffn_norm": "pre_feedforward_layernorm",
+    "post_attention_norm": "post_attention_layernorm",
+    "post_ffw_norm": "post_feedforward_layernorm",
+}
+_GEMMA3_SLIDING_PATTERN = 6  # llama.cpp's: five sliding layers, then one global
+_GEMMA3_LOCAL_ROPE_THETA = 10000.0
+_SMOLLM3_NO_ROPE_INTERVAL = 4  # llama.cpp's: every fourth layer without rotary
 _LAYER_TENSOR = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
 
 
-def hf_tensor_name(gguf_name: str) -> str | None:
+def hf_tensor_name(gguf_name: str, arch: str = "llama") -> str | None:
     """The Hugging Face name of a GGUF tensor, or None for one without an HF counterpart."""
     if match := _LAYER_TENSOR.fullmatch(gguf_name):
         layer, part, kind = match.groups()
-        return f"model.layers.{layer}.{_LAYER_NAMES[part]}.{kind}" if part in _LAYER_NAMES else None
+        names = _GEMMA3_LAYER_NAMES if arch == "gemma3" else _LAYER_NAMES
+        return f"model.layers.{layer}.{names[part]}.{kind}" if part in names else None
     stem, _, kind = gguf_name.rpartition(".")
     return f"{_GLOBAL_NAMES[stem]}.{kind}" if stem in _GLOBAL_NAMES else None
 
@@ -93,11 +117,9 @@ class GgufFile:
             )
         tensors: dict[str, TensorInfo] = {}
         for tensor in reader.tensors.values():
-            name = hf_tensor_name(tensor.name)
-            if tensor.name == "rope_freqs.weight":  # Llama-3.1 rope scaling, baked into a tensor
-                raise UnsupportedModelError(
-                    path, "rope_freqs (Llama-3 rope scaling) is not supported"
-                )
+            name = hf_tensor_name(tensor.name, arch)
+            if tensor.name == "rope_freqs.weight":  # Llama-3.1 rope scaling, as factors
+                continue
             if name is None:
                 raise WeightsError(path, f"tensor {tensor.name!r} has no Hugging Face counterpart")
             kind = GGML_TYPES[tensor.type_id].name
@@ -111,7 +133,7 @@ class GgufFile:
             tensors[name] = tensor
         tokenizer = Tokenizer.from_gguf_metadata(metadata, source=str(path))
         gguf_names = frozenset(reader.tensors)
-        config = _config(metadata, arch, gguf_names, tokenizer, path)
+        config = _config(metadata, arch, gguf_names, tokenizer, path, _freq_factors(reader, path))
         return cls(
             path=path,
             config=config,
@@ -144,7 +166,7 @@ class GgufFile:
                 yield name, GgufBlocks(kind, rows, (shape[0], shape[1]), order, release)
                 continue
             values = self._dequantize(info, kind).reshape(shape)
-            if self.config.architecture == "llama":
+            if self.config.architecture in _PERMUTED:
                 values = _unpermute_llama_rows(name, values, self.config)
             yield name, values
 
@@ -165,7 +187,7 @@ class GgufFile:
 
     def _row_order(self, name: str, rows: int) -> torch.Tensor | None:
         """Where llama.cpp permuted Q and K rows: HF row f is file row order[f]."""
-        if self.config.architecture != "llama":
+        if self.config.architecture not in _PERMUTED:
             return None
         order = _unpermute_llama_rows(name, torch.arange(rows), self.config)
         return None if order is None or torch.equal(order, torch.arange(rows)) else order
@@ -196,6 +218,7 @@ def _config(
     gguf_names: frozenset[str],
     tokenizer: Tokenizer,
     path: Path,
+    freq_factors: FreqFactors | None = None,
 ) -> ModelConfig:
     missing = object()
 
@@ -217,20 +240,26 @@ def _config(
     if rope_dim != head_dim:
         raise UnsupportedModelError(path, f"partial rotary ({rope_dim} of {head_dim} dims)")
     scaling = key("rope.scaling.type", "none")
-    if scaling != "none":
+    rope_scaling: LinearRope | FreqFactors | None = freq_factors
+    if scaling == "linear" and arch == "gemma3":  # the global layers of Gemma 3 4B and up
+        rope_scaling = LinearRope(float(key("rope.scaling.factor")))
+    elif scaling not in ("none", "llama3"):  # llama3: the factors are the rope_freqs tensor
         raise UnsupportedModelError(path, f"{arch}.rope.scaling.type={scaling!r} is not supported")
+    num_layers = int(key("block_count"))
+    window = key("attention.sliding_window", None) if arch == "gemma3" else None
+    gemma = arch == "gemma3"
     try:
         return ModelConfig(
             architecture=arch,
             vocab_size=int(key("vocab_size", len(metadata["tokenizer.ggml.tokens"]))),
             hidden_size=hidden_size,
             intermediate_size=int(key("feed_forward_length")),
-            num_layers=int(key("block_count")),
+            num_layers=num_layers,
             num_heads=num_heads,
             num_kv_heads=int(num_kv_heads),
             head_dim=head_dim,
             rope_theta=float(key("rope.freq_base", 10000.0)),
-            rope_scaling=None,
+            rope_scaling=rope_scaling,
             rms_norm_eps=float(key("attention.layer_norm_rms_epsilon")),
             # llama.cpp writes `output.weight` only when the output projection is not the embedding
             tie_word_embeddings="output.weight" not in gguf_names,
@@ -238,6 +267,35 @@ def _config(
             max_position_embeddings=int(key("context_length")),
             eos_token_ids=tokenizer.eos_token_ids,
             bos_token_id=tokenizer.bos_token_id,
+            hidden_act="gelu_tanh" if gemma else "silu",
+            qk_norm=arch in ("qwen3", "gemma3"),
+            sandwich_norm=gemma,
+            embedding_multiplier=float(hidden_size) ** 0.5 if gemma else 1.0,
+            # llama.cpp scales Gemma 3's queries by 1/sqrt(head_dim) (query_pre_attn_scalar is
+            # head_dim for every size but 27B, which llama.cpp special-cases the same way)
+            query_scale=head_dim**-0.5 if gemma else None,
+            no_rope_layers=tuple(
+                i for i in range(num_layers) if (i + 1) % _SMOLLM3_NO_ROPE_INTERVAL == 0
+            )
+            if arch == "smollm3"
+            else (),
+            sliding_window=None if window is None else int(window),
+            sliding_layers=tuple(i for i in range(num_layers) if (i + 1) % _GEMMA3_SLIDING_PATTERN)
+            if window is not None
+            else (),
+            sliding_rope_theta=_GEMMA3_LOCAL_ROPE_THETA if gemma else None,
         )
     except ConfigError as error:  # re-raised naming the file rather than the class
         raise ConfigError(path, error.problem) from None
+
+
+def _freq_factors(reader: GgufReader, path: Path) -> FreqFactors | None:
+    """Llama 3.1+'s rotary scaling, stored by llama.cpp's converter as one F32 factor per
+    frequency (`rope_freqs.weight`), or None."""
+    info = reader.tensors.get("rope_freqs.weight")
+    if info is None:
+        return None
+    if GGML_TYPES[info.type_id].name != "F32" or len(info.dims) != 1:
+        raise WeightsError(path, "rope_freqs.weight must be a float32 vector")
+    values = reader.tensor_bytes(info).clone().view(torch.float32)
+    return FreqFactors(tuple(float(v) for v in values))

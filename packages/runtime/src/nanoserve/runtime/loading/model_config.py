@@ -1,8 +1,11 @@
 """The shape of a decoder-only model, and the rotary frequencies it implies.
 
-One frozen `ModelConfig` describes every architecture nanoserve runs (Llama, Qwen2, Mistral): they
-differ only in the fields here. It is built from a Hugging Face `config.json` (`from_hf`) or from
-GGUF metadata (`gguf_file.py`), and validated on construction, so a config that exists is usable.
+One frozen `ModelConfig` describes every architecture nanoserve runs (Llama, Qwen2, Qwen3,
+Mistral, Gemma 3, SmolLM3): they differ only in the fields here, each a delta on the Llama
+forward (per-head q/k norms, sandwich norms, GeGLU, sliding-window layers, layers without
+rotary, scaled rotary). It is built from a Hugging Face `config.json`
+(`from_hf`) or from GGUF metadata (`gguf_file.py`), and validated on construction, so a config
+that exists is usable.
 """
 
 from __future__ import annotations
@@ -16,17 +19,49 @@ import torch
 
 from nanoserve.runtime.errors import ConfigError, UnsupportedModelError
 
-Architecture = Literal["llama", "qwen2", "mistral"]
-ARCHITECTURES: tuple[Architecture, ...] = ("llama", "qwen2", "mistral")
+Architecture = Literal["llama", "qwen2", "qwen3", "mistral", "gemma3", "smollm3"]
+ARCHITECTURES: tuple[Architecture, ...] = (
+    "llama",
+    "qwen2",
+    "qwen3",
+    "mistral",
+    "gemma3",
+    "smollm3",
+)
+Activation = Literal["silu", "gelu_tanh"]
 HF_CLASS_NAMES: dict[Architecture, str] = {
     "llama": "LlamaForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
     "mistral": "MistralForCausalLM",
+    "gemma3": "Gemma3ForCausalLM",
+    "smollm3": "SmolLM3ForCausalLM",
+}
+# config.json's model_type of each (Gemma 3's text-only checkpoints are "gemma3_text")
+HF_MODEL_TYPES: dict[str, Architecture] = {
+    **{arch: arch for arch in ARCHITECTURES if arch != "gemma3"},
+    "gemma3_text": "gemma3",
 }
 # transformers' defaults for the fields a config.json may leave out
-_DEFAULT_MAX_POSITIONS: dict[Architecture, int] = {"llama": 2048, "qwen2": 32768, "mistral": 131072}
+_DEFAULT_MAX_POSITIONS: dict[Architecture, int] = {
+    "llama": 2048,
+    "qwen2": 32768,
+    "qwen3": 32768,
+    "mistral": 131072,
+    "gemma3": 131072,
+    "smollm3": 32768,
+}
 _DEFAULT_RMS_NORM_EPS = 1e-6
-_DEFAULT_ROPE_THETA = 10000.0
+_DEFAULT_ROPE_THETA: dict[Architecture, float] = {
+    "llama": 10000.0,
+    "qwen2": 10000.0,
+    "qwen3": 10000.0,
+    "mistral": 10000.0,
+    "gemma3": 1_000_000.0,
+    "smollm3": 2_000_000.0,
+}
+_GEMMA3_LOCAL_ROPE_THETA = 10000.0
+_GEMMA3_SLIDING_PATTERN = 6  # five sliding layers, then one global
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +75,24 @@ class RopeScaling:
 
 
 @dataclass(frozen=True, slots=True)
+class LinearRope:
+    """Positions divided by `factor` (Gemma 3's global layers from 4B up)."""
+
+    factor: float
+
+
+@dataclass(frozen=True, slots=True)
+class FreqFactors:
+    """Llama-3 scaling as a GGUF stores it (llama.cpp's `rope_freqs` tensor): frequency i
+    divided by factors[i], the converter's float32 rounding of the same blend."""
+
+    factors: tuple[float, ...]
+
+
+Scaling = RopeScaling | LinearRope | FreqFactors
+
+
+@dataclass(frozen=True, slots=True)
 class ModelConfig:
     architecture: Architecture
     vocab_size: int
@@ -50,13 +103,24 @@ class ModelConfig:
     num_kv_heads: int
     head_dim: int
     rope_theta: float
-    rope_scaling: RopeScaling | None
+    rope_scaling: Scaling | None
     rms_norm_eps: float
     tie_word_embeddings: bool
     attention_bias: bool  # q/k/v projections carry a bias (always for qwen2)
     max_position_embeddings: int
     eos_token_ids: tuple[int, ...]
     bos_token_id: int | None
+    # -- the deltas on Llama's forward; the defaults are Llama's -----------------------------
+    hidden_act: Activation = "silu"  # the MLP's gate: SiLU, or tanh-approximate GELU (GeGLU)
+    qk_norm: bool = False  # an RMSNorm per head on q and k before rotary (Qwen3, Gemma 3)
+    sandwich_norm: bool = False  # RMSNorm on attention's and the MLP's outputs too (Gemma 3)
+    norm_offset: float = 0.0  # added to every RMSNorm weight at load (Gemma's `1 + w`)
+    embedding_multiplier: float = 1.0  # the embeddings times this (Gemma: sqrt(hidden))
+    query_scale: float | None = None  # attention's score scale; None: head_dim ** -0.5
+    no_rope_layers: tuple[int, ...] = ()  # layers without rotary (SmolLM3's NoPE)
+    sliding_window: int | None = None  # tokens a sliding layer sees, itself included
+    sliding_layers: tuple[int, ...] = ()  # the layers that attend within the window
+    sliding_rope_theta: float | None = None  # their rotary base, if not rope_theta (Gemma 3)
 
     def __post_init__(self) -> None:
         self.check("ModelConfig")  # `from_hf` re-raises naming the file it read
@@ -70,6 +134,14 @@ class ModelConfig:
     def kv_size(self) -> int:
         """Width of the key (and of the value) projection's output: num_kv_heads * head_dim."""
         return self.num_kv_heads * self.head_dim
+
+    @property
+    def attention_scale(self) -> float:
+        return self.head_dim**-0.5 if self.query_scale is None else self.query_scale
+
+    def layer_window(self, layer: int) -> int | None:
+        """The sliding window of `layer`, or None where it attends to its whole context."""
+        return self.sliding_window if layer in self.sliding_layers else None
 
     def check(self, source: str) -> None:
         """Raise `ConfigError` naming the first field whose value cannot describe a model."""
@@ -103,7 +175,32 @@ class ModelConfig:
                     source, f"token id {token_id!r} is outside vocab_size={self.vocab_size}"
                 )
         if self.rope_scaling is not None:
-            _check_rope_scaling(self.rope_scaling, source)
+            _check_rope_scaling(self.rope_scaling, self, source)
+        self._check_deltas(source)
+
+    def _check_deltas(self, source: str) -> None:
+        if self.hidden_act not in ("silu", "gelu_tanh"):
+            raise UnsupportedModelError(source, f"hidden_act={self.hidden_act!r}")
+        for name in ("qk_norm", "sandwich_norm"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(source, f"{name}={getattr(self, name)!r} must be a bool")
+        for name in ("norm_offset", "embedding_multiplier", "query_scale", "sliding_rope_theta"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, float) or not math.isfinite(value)):
+                raise ConfigError(source, f"{name}={value!r} must be a finite float")
+        for name in ("no_rope_layers", "sliding_layers"):
+            layers = getattr(self, name)
+            if any(type(i) is not int or not 0 <= i < self.num_layers for i in layers):
+                raise ConfigError(
+                    source, f"{name}={layers!r} names a layer outside 0..{self.num_layers - 1}"
+                )
+        window = self.sliding_window
+        if window is not None and (type(window) is not int or window <= 0):
+            raise ConfigError(source, f"sliding_window={window!r} must be a positive integer")
+        if self.sliding_layers and window is None:
+            raise ConfigError(
+                source, f"sliding_layers={self.sliding_layers} without a sliding_window"
+            )
 
     @classmethod
     def from_hf(
@@ -119,27 +216,37 @@ class ModelConfig:
         `generate()` stops on), else from `config.json`.
         """
         model_type = config_json.get("model_type")
-        if model_type not in ARCHITECTURES:
+        if model_type == "gemma3":  # the multimodal checkpoint: a vision tower beside the text
             raise UnsupportedModelError(
                 source,
-                f"model_type {model_type!r} is not supported (supported: {', '.join(ARCHITECTURES)})",
+                "model_type 'gemma3' (Gemma 3 with its vision tower) is not supported; the"
+                " text-only checkpoints (model_type 'gemma3_text': 270M, 1B) are",
             )
-        arch: Architecture = model_type
+        if model_type not in HF_MODEL_TYPES:
+            supported = ", ".join(HF_MODEL_TYPES)
+            raise UnsupportedModelError(
+                source, f"model_type {model_type!r} is not supported (supported: {supported})"
+            )
+        arch = HF_MODEL_TYPES[model_type]
         defaults = {
             "max_position_embeddings": _DEFAULT_MAX_POSITIONS[arch],
             "rms_norm_eps": _DEFAULT_RMS_NORM_EPS,
         }
-        if config_json.get("hidden_act", "silu") != "silu":
+        act = config_json.get("hidden_activation" if arch == "gemma3" else "hidden_act")
+        act = act or ("gelu_pytorch_tanh" if arch == "gemma3" else "silu")
+        if act not in _ACTIVATIONS:
             raise UnsupportedModelError(
-                source, f"hidden_act={config_json['hidden_act']!r} (only 'silu')"
+                source, f"hidden_act={act!r} (supported: {', '.join(_ACTIVATIONS)})"
             )
         if config_json.get("mlp_bias", False):
             raise UnsupportedModelError(source, "mlp_bias=True is not supported")
-        if _uses_sliding_window(arch, config_json):
-            raise UnsupportedModelError(
-                source,
-                f"sliding_window={config_json.get('sliding_window')!r} attention is not supported",
-            )
+        for name in ("final_logit_softcapping", "attn_logit_softcapping"):
+            if config_json.get(name) is not None:
+                raise UnsupportedModelError(
+                    source, f"{name}={config_json[name]!r} is not supported"
+                )
+        if config_json.get("use_bidirectional_attention"):
+            raise UnsupportedModelError(source, "use_bidirectional_attention=True is not supported")
 
         def field(name: str) -> Any:
             if name in config_json and config_json[name] is not None:
@@ -150,17 +257,21 @@ class ModelConfig:
 
         num_heads = field("num_attention_heads")
         hidden_size = field("hidden_size")
+        num_layers = field("num_hidden_layers")
         head_dim: Any = config_json.get("head_dim")  # checked with the rest by check()
         if head_dim is None and isinstance(hidden_size, int) and isinstance(num_heads, int):
             if num_heads <= 0 or hidden_size % num_heads:
                 problem = f"hidden_size={hidden_size} is not a multiple of num_attention_heads={num_heads}"
                 raise ConfigError(source, problem)
             head_dim = hidden_size // num_heads
-        rope_theta, rope_scaling = _parse_rope(config_json, source)
+        layer_types = _layer_types(arch, config_json, num_layers, source)
+        rope = _parse_rope(arch, config_json, source)
+        window = _sliding_window(arch, config_json, layer_types, field("max_position_embeddings"))
         eos = (generation_config or {}).get("eos_token_id")
         if eos is None:
             eos = config_json.get("eos_token_id")
         bos = (generation_config or {}).get("bos_token_id", config_json.get("bos_token_id"))
+        gemma = arch == "gemma3"
 
         try:
             return cls(
@@ -168,40 +279,46 @@ class ModelConfig:
                 vocab_size=field("vocab_size"),
                 hidden_size=hidden_size,
                 intermediate_size=field("intermediate_size"),
-                num_layers=field("num_hidden_layers"),
+                num_layers=num_layers,
                 num_heads=num_heads,
                 num_kv_heads=_or(config_json.get("num_key_value_heads"), num_heads),
                 head_dim=head_dim,
-                rope_theta=_float(rope_theta, "rope_theta", source),
-                rope_scaling=rope_scaling,
+                rope_theta=_float(rope.theta, "rope_theta", source),
+                rope_scaling=rope.scaling,
                 rms_norm_eps=_float(field("rms_norm_eps"), "rms_norm_eps", source),
-                tie_word_embeddings=bool(config_json.get("tie_word_embeddings", False)),
+                tie_word_embeddings=bool(config_json.get("tie_word_embeddings", gemma)),
                 attention_bias=arch == "qwen2" or bool(config_json.get("attention_bias", False)),
                 max_position_embeddings=field("max_position_embeddings"),
                 eos_token_ids=_token_ids(eos, "eos_token_id", source),
                 bos_token_id=bos,
+                hidden_act=_ACTIVATIONS[act],
+                qk_norm=arch in ("qwen3", "gemma3"),
+                sandwich_norm=gemma,
+                norm_offset=1.0 if gemma else 0.0,
+                embedding_multiplier=float(hidden_size) ** 0.5 if gemma else 1.0,
+                query_scale=float(config_json.get("query_pre_attn_scalar", 256)) ** -0.5
+                if gemma
+                else None,
+                no_rope_layers=_no_rope_layers(arch, config_json, num_layers),
+                sliding_window=window,
+                sliding_layers=tuple(i for i, t in enumerate(layer_types) if t == "sliding")
+                if window is not None
+                else (),
+                sliding_rope_theta=rope.sliding_theta,
             )
         except ConfigError as error:  # re-raised naming the file rather than the class
             raise ConfigError(source, error.problem) from None
 
     def to_hf(self) -> dict[str, Any]:
         """A transformers 5 `config.json` dict that `from_hf` (and transformers) reads back as-is."""
-        rope: dict[str, Any] = {"rope_type": "default", "rope_theta": self.rope_theta}
-        if self.rope_scaling is not None:
-            s = self.rope_scaling
-            rope |= {
-                "rope_type": "llama3",
-                "factor": s.factor,
-                "low_freq_factor": s.low_freq_factor,
-                "high_freq_factor": s.high_freq_factor,
-                "original_max_position_embeddings": s.original_max_position_embeddings,
-            }
+        rope = _rope_to_hf(self.rope_theta, self.rope_scaling)
         eos: int | list[int] | None = list(self.eos_token_ids) or None
         if isinstance(eos, list) and len(eos) == 1:
             eos = eos[0]
+        gemma = self.architecture == "gemma3"
         out: dict[str, Any] = {
             "architectures": [HF_CLASS_NAMES[self.architecture]],
-            "model_type": self.architecture,
+            "model_type": "gemma3_text" if gemma else self.architecture,
             "vocab_size": self.vocab_size,
             "hidden_size": self.hidden_size,
             "intermediate_size": self.intermediate_size,
@@ -209,7 +326,7 @@ class ModelConfig:
             "num_attention_heads": self.num_heads,
             "num_key_value_heads": self.num_kv_heads,
             "head_dim": self.head_dim,
-            "hidden_act": "silu",
+            "hidden_activation" if gemma else "hidden_act": _HF_ACTIVATIONS[self.hidden_act],
             "max_position_embeddings": self.max_position_embeddings,
             "rms_norm_eps": self.rms_norm_eps,
             "rope_theta": self.rope_theta,
@@ -217,21 +334,58 @@ class ModelConfig:
             "tie_word_embeddings": self.tie_word_embeddings,
             "bos_token_id": self.bos_token_id,
             "eos_token_id": eos,
+            "pad_token_id": None,  # not transformers' per-class default (SmolLM3's is 128004)
         }
         if self.architecture != "qwen2":  # qwen2's bias is implied by its architecture
             out["attention_bias"] = self.attention_bias
+        if self.architecture == "smollm3":
+            out["no_rope_layers"] = [
+                int(i not in self.no_rope_layers) for i in range(self.num_layers)
+            ]
+        kinds = ["sliding" if self.layer_window(i) else "full" for i in range(self.num_layers)]
+        if gemma:
+            local = {
+                "rope_type": "default",
+                "rope_theta": self.sliding_rope_theta or self.rope_theta,
+            }
+            out["rope_parameters"] = {"full_attention": rope, "sliding_attention": local}
+            scalar = self.attention_scale**-2
+            # transformers takes an int (every Gemma 3's is: 256, or head_dim)
+            out["query_pre_attn_scalar"] = (
+                round(scalar) if abs(scalar - round(scalar)) < 1e-6 else scalar
+            )
+            out["sliding_window"] = self.sliding_window
+            out["layer_types"] = [f"{kind}_attention" for kind in kinds]
+        elif self.sliding_window is not None:
+            out["sliding_window"] = self.sliding_window
+            out["layer_types"] = [f"{kind}_attention" for kind in kinds]
+            if self.architecture in ("qwen2", "qwen3", "smollm3"):
+                out["use_sliding_window"] = True
+        elif self.architecture == "mistral":
+            out["sliding_window"] = None
         return out
 
 
-def rope_inv_freq(config: ModelConfig, device: torch.device | str = "cpu") -> torch.Tensor:
-    """Rotary inverse frequencies, `[head_dim // 2]` float32, exactly as transformers computes them."""
+def rope_inv_freq(
+    config: ModelConfig, device: torch.device | str = "cpu", *, sliding: bool = False
+) -> torch.Tensor:
+    """Rotary inverse frequencies, `[head_dim // 2]` float32, exactly as transformers computes
+    them; `sliding`: a sliding layer's (its own base where the config has one, and then no
+    scaling: Gemma 3's local layers)."""
     dim = config.head_dim
+    local_theta = config.sliding_rope_theta if sliding else None
+    local = local_theta is not None
+    theta = local_theta if local_theta is not None else config.rope_theta
     # Same op order as transformers (int64 arange, then float32 division and power), so the bits agree.
     exponents = torch.arange(0, dim, 2, dtype=torch.int64, device=device).to(torch.float32) / dim
-    inv_freq = 1.0 / (config.rope_theta**exponents)
-    s = config.rope_scaling
+    inv_freq = 1.0 / (theta**exponents)
+    s = None if local else config.rope_scaling
     if s is None:
         return inv_freq
+    if isinstance(s, LinearRope):
+        return inv_freq / s.factor
+    if isinstance(s, FreqFactors):
+        return inv_freq / torch.tensor(s.factors, dtype=torch.float32, device=device)
     low_freq_wavelen = s.original_max_position_embeddings / s.low_freq_factor
     high_freq_wavelen = s.original_max_position_embeddings / s.high_freq_factor
     wavelen = 2 * math.pi / inv_freq
@@ -246,32 +400,101 @@ def rope_inv_freq(config: ModelConfig, device: torch.device | str = "cpu") -> to
     return torch.where(is_medium, smoothed, scaled)
 
 
-def _parse_rope(config_json: Mapping[str, Any], source: str) -> tuple[Any, RopeScaling | None]:
-    # transformers 5 writes `rope_parameters` (theta inside); 4.x wrote `rope_theta` + `rope_scaling`.
-    params = config_json.get("rope_parameters") or config_json.get("rope_scaling") or {}
+_ACTIVATIONS: dict[str, Activation] = {
+    "silu": "silu",
+    "gelu_pytorch_tanh": "gelu_tanh",
+    "gelu_tanh": "gelu_tanh",
+}
+_HF_ACTIVATIONS: dict[Activation, str] = {"silu": "silu", "gelu_tanh": "gelu_pytorch_tanh"}
+
+
+@dataclass(frozen=True, slots=True)
+class _Rope:
+    theta: Any
+    scaling: Scaling | None
+    sliding_theta: float | None
+
+
+def _parse_rope(arch: Architecture, config_json: Mapping[str, Any], source: str) -> _Rope:
+    # transformers 5 writes `rope_parameters` (theta inside; Gemma 3 one per layer type); 4.x
+    # wrote `rope_theta` + `rope_scaling` (+ Gemma's `rope_local_base_freq`).
+    params: Any = config_json.get("rope_parameters") or config_json.get("rope_scaling") or {}
     if not isinstance(params, Mapping):
         raise ConfigError(source, f"rope_parameters={params!r} must be an object")
-    theta = params.get("rope_theta", config_json.get("rope_theta", _DEFAULT_ROPE_THETA))
+    sliding_theta = None
+    if arch == "gemma3":
+        local = params.get("sliding_attention") or {}
+        params = params.get("full_attention", params)
+        if config_json.get("rope_scaling"):  # 4.x: the global layers' scaling only
+            params = config_json["rope_scaling"]
+        sliding_theta = _float(
+            local.get(
+                "rope_theta", config_json.get("rope_local_base_freq", _GEMMA3_LOCAL_ROPE_THETA)
+            ),
+            "rope_local_base_freq",
+            source,
+        )
+        if local.get("rope_type", "default") != "default":
+            raise UnsupportedModelError(source, f"sliding layers' rope_type={local['rope_type']!r}")
+    theta = params.get("rope_theta", config_json.get("rope_theta", _DEFAULT_ROPE_THETA[arch]))
+    partial = params.get("partial_rotary_factor", config_json.get("partial_rotary_factor", 1.0))
+    if partial != 1.0:
+        raise UnsupportedModelError(source, f"partial_rotary_factor={partial!r} (only 1.0)")
     rope_type = params.get("rope_type", params.get("type", "default"))
-    if rope_type == "default":
-        return theta, None
-    if rope_type != "llama3":
-        raise UnsupportedModelError(
-            source, f"rope_type={rope_type!r} is not supported (only 'default', 'llama3')"
-        )
+    scaling: Scaling | None
     try:
-        scaling = RopeScaling(
-            factor=_float(params["factor"], "rope factor", source),
-            low_freq_factor=_float(params["low_freq_factor"], "low_freq_factor", source),
-            high_freq_factor=_float(params["high_freq_factor"], "high_freq_factor", source),
-            original_max_position_embeddings=params["original_max_position_embeddings"],
-        )
+        if rope_type == "default":
+            scaling = None
+        elif rope_type == "linear":
+            scaling = LinearRope(factor=_float(params["factor"], "rope factor", source))
+        elif rope_type == "llama3":
+            scaling = RopeScaling(
+                factor=_float(params["factor"], "rope factor", source),
+                low_freq_factor=_float(params["low_freq_factor"], "low_freq_factor", source),
+                high_freq_factor=_float(params["high_freq_factor"], "high_freq_factor", source),
+                original_max_position_embeddings=params["original_max_position_embeddings"],
+            )
+        else:
+            raise UnsupportedModelError(
+                source,
+                f"rope_type={rope_type!r} is not supported (supported: default, linear, llama3)",
+            )
     except KeyError as missing:
-        raise ConfigError(source, f"llama3 rope scaling lacks {missing.args[0]!r}") from None
-    return theta, scaling
+        raise ConfigError(source, f"{rope_type} rope scaling lacks {missing.args[0]!r}") from None
+    return _Rope(theta, scaling, sliding_theta)
 
 
-def _check_rope_scaling(s: RopeScaling, source: str) -> None:
+def _rope_to_hf(theta: float, s: Scaling | None) -> dict[str, Any]:
+    if isinstance(s, FreqFactors):  # the blend's parameters are not in a GGUF, only its result
+        raise UnsupportedModelError(
+            "config", "rope_freqs factors (a Llama 3.x GGUF) have no config.json form"
+        )
+    rope: dict[str, Any] = {"rope_type": "default", "rope_theta": theta}
+    if isinstance(s, RopeScaling):
+        rope |= {
+            "rope_type": "llama3",
+            "factor": s.factor,
+            "low_freq_factor": s.low_freq_factor,
+            "high_freq_factor": s.high_freq_factor,
+            "original_max_position_embeddings": s.original_max_position_embeddings,
+        }
+    elif isinstance(s, LinearRope):
+        rope |= {"rope_type": "linear", "factor": s.factor}
+    return rope
+
+
+def _check_rope_scaling(s: Scaling, config: ModelConfig, source: str) -> None:
+    if isinstance(s, LinearRope):
+        if not math.isfinite(s.factor) or s.factor <= 0:
+            raise ConfigError(source, f"linear rope factor={s.factor!r} must be positive")
+        return
+    if isinstance(s, FreqFactors):
+        half = config.head_dim // 2
+        if len(s.factors) != half or not all(math.isfinite(f) and f > 0 for f in s.factors):
+            raise ConfigError(
+                source, f"rope_freqs must be {half} positive factors, got {len(s.factors)}"
+            )
+        return
     for name in ("factor", "low_freq_factor", "high_freq_factor"):
         value = getattr(s, name)
         if not isinstance(value, float) or not math.isfinite(value) or value <= 0:
@@ -290,15 +513,55 @@ def _check_rope_scaling(s: RopeScaling, source: str) -> None:
         )
 
 
-def _uses_sliding_window(arch: Architecture, config_json: Mapping[str, Any]) -> bool:
-    window = config_json.get("sliding_window")
-    if arch == "qwen2":  # qwen2 configs carry a window size but only use it when told to
-        return bool(config_json.get("use_sliding_window", False))
-    if arch == "mistral":  # Mistral v0.1 attends within 4096; later versions set null
-        return window is not None and window < config_json.get(
-            "max_position_embeddings", window + 1
+def _layer_types(
+    arch: Architecture, config_json: Mapping[str, Any], num_layers: Any, source: str
+) -> list[str]:
+    """Each layer's attention: "sliding" or "full" (an unknown kind is refused: a hybrid
+    linear-attention layer must never run as softmax attention)."""
+    if type(num_layers) is not int or num_layers <= 0:
+        return []
+    given = config_json.get("layer_types")
+    if given is None:
+        if arch == "gemma3":
+            pattern = config_json.get("sliding_window_pattern", _GEMMA3_SLIDING_PATTERN)
+            return ["full" if (i + 1) % pattern == 0 else "sliding" for i in range(num_layers)]
+        if arch in ("qwen2", "qwen3") and config_json.get("use_sliding_window"):
+            first = config_json.get("max_window_layers", num_layers)
+            return ["sliding" if i >= first else "full" for i in range(num_layers)]
+        return ["sliding"] * num_layers  # a window (if any) applies to every layer
+    if not isinstance(given, list) or len(given) != num_layers:
+        raise ConfigError(source, f"layer_types must list {num_layers} layers, got {given!r}")
+    kinds = {"sliding_attention": "sliding", "full_attention": "full"}
+    if unknown := next((t for t in given if t not in kinds), None):
+        raise UnsupportedModelError(
+            source, f"layer type {unknown!r} is not supported (only full and sliding attention)"
         )
-    return False
+    return [kinds[t] for t in given]
+
+
+def _sliding_window(
+    arch: Architecture, config_json: Mapping[str, Any], layer_types: list[str], max_pos: Any
+) -> int | None:
+    window = config_json.get("sliding_window")
+    if window is None or "sliding" not in layer_types:
+        return None
+    if arch in ("qwen2", "qwen3", "smollm3") and not config_json.get("use_sliding_window"):
+        return None  # these configs carry a window size but use it only when told to
+    if isinstance(max_pos, int) and isinstance(window, int) and window >= max_pos:
+        return None  # wider than any context (Phi-4-mini's 262144, Mistral's 4096 at 4k)
+    return window
+
+
+def _no_rope_layers(
+    arch: Architecture, config_json: Mapping[str, Any], num_layers: Any
+) -> tuple[int, ...]:
+    if arch != "smollm3" or type(num_layers) is not int:
+        return ()
+    flags = config_json.get("no_rope_layers")
+    if flags is None:
+        interval = config_json.get("no_rope_layer_interval", 4)
+        flags = [int((i + 1) % interval != 0) for i in range(num_layers)]
+    return tuple(i for i, uses_rope in enumerate(flags[:num_layers]) if not uses_rope)
 
 
 def _or(value: Any, default: Any) -> Any:

@@ -155,12 +155,13 @@ class CacheRows:
         plan: DecodePlan | PrefillPlan,
         scale: float,
         accum_dtype: torch.dtype,
+        window: int | None = None,
     ) -> torch.Tensor:
         self._check(plan.seq_ids)
         k_pool, v_pool = self.pool.layer(layer)
         if isinstance(plan, DecodePlan):
             return paged_decode_attention(
-                q, k_pool, v_pool, plan.slot_rect, plan.context_lens, scale, accum_dtype
+                q, k_pool, v_pool, plan.slot_rect, plan.context_lens, scale, accum_dtype, window
             )
         return paged_prefill_attention(
             q,
@@ -171,4 +172,5 @@ class CacheRows:
             plan.slot_rect,
             scale,
             accum_dtype,
+            window,
         )

@@ -8,13 +8,15 @@ runs:
   `accum_dtype`; the residual stream is in the model's dtype.
 - CpuKernelOps: nanoserve's C++ kernels (kernels/kernel_ops.py), one call per piece where torch
   takes five to twenty: RMSNorm fused with the residual add, rotary fused with the K/V write,
-  attention that reads K/V in place through the rectangle, and SiLU-and-multiply. The residual
+  attention that reads K/V in place through the rectangle (a sliding window skips whole blocks
+  before it), per-head q/k norms, and SiLU- or GELU-and-multiply. The residual
   stream is float32 whatever the pool's dtype. Every piece computes each row in one fixed order
   (kernels/csrc/kernels.h), so a row's bits ignore its batch, its bucket and the CPU's ISA.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Protocol
 
 import torch
@@ -27,6 +29,16 @@ from nanoserve.runtime.model.kv_pool import CacheRows
 
 Plan = DecodePlan | PrefillPlan
 Rotary = tuple[torch.Tensor, torch.Tensor]
+QKNorms = tuple[torch.Tensor, torch.Tensor]
+
+
+@dataclass(frozen=True, slots=True)
+class LayerKind:
+    """A layer's attention: the tokens a query sees (its last `window` positions, itself
+    included; None: all of them) and which rotary table turns q and k (None: no rotary)."""
+
+    window: int | None
+    rotary: int | None
 
 
 class LayerOps(Protocol):
@@ -36,8 +48,8 @@ class LayerOps(Protocol):
         """The residual stream a forward starts from: [tokens, hidden]."""
         ...
 
-    def rotary(self, plan: Plan) -> Rotary:
-        """What rotary needs for this plan's positions, made once per forward."""
+    def rotary(self, plan: Plan) -> list[Rotary]:
+        """What rotary needs for this plan's positions, per table, made once per forward."""
         ...
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor: ...
@@ -49,16 +61,29 @@ class LayerOps(Protocol):
         ...
 
     def rotate_and_cache(
-        self, qkv: torch.Tensor, rotary: Rotary, plan: Plan, cache: CacheRows, layer: int
+        self,
+        qkv: torch.Tensor,
+        rotary: Rotary | None,
+        plan: Plan,
+        cache: CacheRows,
+        layer: int,
+        qk_norms: QKNorms | None = None,
     ) -> torch.Tensor:
-        """Rotary on q and k, the new K/V into the pool; returns q, [tokens, heads * head_dim]."""
+        """The q and k heads normalised (if given), then rotary on them (if any), the new K/V
+        into the pool; returns q, [tokens, heads * head_dim]."""
         ...
 
-    def attention(self, q: torch.Tensor, plan: Plan, cache: CacheRows, layer: int) -> torch.Tensor:
-        """Each token over its visible slots: [tokens, heads * head_dim] in the residual dtype."""
+    def attention(
+        self, q: torch.Tensor, plan: Plan, cache: CacheRows, layer: int, window: int | None
+    ) -> torch.Tensor:
+        """Each token over its visible slots (within its window, if any): [tokens, heads *
+        head_dim] in the residual dtype."""
         ...
 
-    def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor: ...
+    def gated_act(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """[tokens, 2 * intermediate] -> [tokens, intermediate]: act(gate) * up, the config's
+        activation (SiLU; tanh-approximate GELU for Gemma)."""
+        ...
 
 
 class TorchOps:
@@ -67,21 +92,23 @@ class TorchOps:
     def __init__(
         self,
         config: ModelConfig,
-        cos: torch.Tensor,  # [max_pos, head_dim] float32
-        sin: torch.Tensor,
+        tables: list[Rotary],  # cos and sin, [max_pos, head_dim] float32 each
         accum_dtype: torch.dtype,
     ) -> None:
         self.config = config
-        self.cos, self.sin = cos, sin
+        self.tables = tables
         self.accum_dtype = accum_dtype
-        self.scale = config.head_dim**-0.5
+        self.scale = config.attention_scale
 
     def residual(self, embeddings: torch.Tensor) -> torch.Tensor:
         return embeddings
 
-    def rotary(self, plan: Plan) -> Rotary:
+    def rotary(self, plan: Plan) -> list[Rotary]:
         # [tokens, 1, head_dim]: gathered once, broadcast over heads in every layer.
-        return self.cos[plan.positions][:, None, :], self.sin[plan.positions][:, None, :]
+        return [
+            (cos[plan.positions][:, None, :], sin[plan.positions][:, None, :])
+            for cos, sin in self.tables
+        ]
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         xf = x.float()
@@ -94,26 +121,38 @@ class TorchOps:
         return self.rms_norm(x.add_(delta), weight)
 
     def rotate_and_cache(
-        self, qkv: torch.Tensor, rotary: Rotary, plan: Plan, cache: CacheRows, layer: int
+        self,
+        qkv: torch.Tensor,
+        rotary: Rotary | None,
+        plan: Plan,
+        cache: CacheRows,
+        layer: int,
+        qk_norms: QKNorms | None = None,
     ) -> torch.Tensor:
         cfg = self.config
         tokens, q_size, kv_size = qkv.shape[0], cfg.q_size, cfg.kv_size
         q = qkv[:, :q_size].view(tokens, cfg.num_heads, cfg.head_dim)
         k = qkv[:, q_size : q_size + kv_size].view(tokens, cfg.num_kv_heads, cfg.head_dim)
         v = qkv[:, q_size + kv_size :].view(tokens, cfg.num_kv_heads, cfg.head_dim)
-        cos, sin = rotary
-        k = _rotate(k, cos, sin)
+        if qk_norms is not None:
+            q, k = self.rms_norm(q, qk_norms[0]), self.rms_norm(k, qk_norms[1])
+        if rotary is not None:
+            q, k = _rotate(q, *rotary), _rotate(k, *rotary)
         cache.write(layer, plan, k, v)
-        return _rotate(q, cos, sin).reshape(tokens, q_size)
+        return q.reshape(tokens, q_size)
 
-    def attention(self, q: torch.Tensor, plan: Plan, cache: CacheRows, layer: int) -> torch.Tensor:
+    def attention(
+        self, q: torch.Tensor, plan: Plan, cache: CacheRows, layer: int, window: int | None
+    ) -> torch.Tensor:
         cfg = self.config
         heads = q.view(q.shape[0], cfg.num_heads, cfg.head_dim)
-        out = cache.paged_attention(layer, heads, plan, self.scale, self.accum_dtype)
+        out = cache.paged_attention(layer, heads, plan, self.scale, self.accum_dtype, window)
         return out.to(q.dtype).reshape(q.shape[0], cfg.q_size)
 
-    def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+    def gated_act(self, gate_up: torch.Tensor) -> torch.Tensor:
         gate, up = gate_up.chunk(2, dim=-1)
+        if self.config.hidden_act == "gelu_tanh":
+            return F.gelu(gate, approximate="tanh") * up
         return F.silu(gate) * up
 
 
@@ -127,18 +166,24 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
 class CpuKernelOps:
     name = "nanoserve"
 
-    def __init__(self, config: ModelConfig, cos: torch.Tensor, sin: torch.Tensor) -> None:
+    def __init__(self, config: ModelConfig, tables: list[Rotary]) -> None:
         self.config = config
-        self.cos, self.sin = cos.contiguous(), sin.contiguous()
+        self.tables = [(cos.contiguous(), sin.contiguous()) for cos, sin in tables]
+        # A layer without rotary writes its K/V through the same kernel, turned by nothing:
+        # x * 1 + rotate(x) * 0 is x exactly.
+        self.identity: Rotary | None = None
+        if config.no_rope_layers:
+            shape = tables[0][0].shape  # [max_pos, head_dim]
+            self.identity = (torch.ones(shape), torch.zeros(shape))
         self.eps = config.rms_norm_eps
-        self.scale = config.head_dim**-0.5
+        self.scale = config.attention_scale
         self.ops = kernel_ops
 
     def residual(self, embeddings: torch.Tensor) -> torch.Tensor:
         return embeddings.float()
 
-    def rotary(self, plan: Plan) -> Rotary:
-        return self.cos, self.sin  # the kernel indexes the tables by position itself
+    def rotary(self, plan: Plan) -> list[Rotary]:
+        return self.tables  # the kernel indexes the tables by position itself
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         return self.ops.rms_norm(x.contiguous(), weight, self.eps)
@@ -149,27 +194,46 @@ class CpuKernelOps:
         return self.ops.add_rms_norm(x, delta, weight, self.eps)
 
     def rotate_and_cache(
-        self, qkv: torch.Tensor, rotary: Rotary, plan: Plan, cache: CacheRows, layer: int
+        self,
+        qkv: torch.Tensor,
+        rotary: Rotary | None,
+        plan: Plan,
+        cache: CacheRows,
+        layer: int,
+        qk_norms: QKNorms | None = None,
     ) -> torch.Tensor:
-        cos, sin = rotary
+        cfg = self.config
+        if qk_norms is not None:
+            self.ops.head_rms_norm(qkv, *qk_norms, cfg.num_heads, cfg.num_kv_heads, self.eps)
+        rotary = rotary or self.identity
+        assert rotary is not None  # a layer without rotary exists only where identity does
         kv = cache.storage(layer, plan)  # [2, slots + 1, kv_heads, head_dim]
-        self.ops.rope_write_kv(
-            qkv, plan.positions, cos, sin, kv, plan.write_slots, self.config.num_heads
-        )
-        return qkv[:, : self.config.q_size]  # a view: rows keep qkv's stride
+        self.ops.rope_write_kv(qkv, plan.positions, *rotary, kv, plan.write_slots, cfg.num_heads)
+        return qkv[:, : cfg.q_size]  # a view: rows keep qkv's stride
 
-    def attention(self, q: torch.Tensor, plan: Plan, cache: CacheRows, layer: int) -> torch.Tensor:
+    def attention(
+        self, q: torch.Tensor, plan: Plan, cache: CacheRows, layer: int, window: int | None
+    ) -> torch.Tensor:
         kv = cache.storage(layer, plan)
-        heads = self.config.num_heads
+        heads, window = self.config.num_heads, window or 0
         if isinstance(plan, DecodePlan):
             return self.ops.paged_attention(
-                q, kv, plan.slot_rect, None, plan.context_lens, self.scale, heads
+                q, kv, plan.slot_rect, None, plan.context_lens, self.scale, heads, window
             )
         # A prompt token attends like a decode row at its own position: its chunk's rectangle
         # row, position + 1 slots (the causal mask is the length).
         return self.ops.paged_attention(
-            q, kv, plan.slot_rect, plan.token_rows, plan.token_context_lens, self.scale, heads
+            q,
+            kv,
+            plan.slot_rect,
+            plan.token_rows,
+            plan.token_context_lens,
+            self.scale,
+            heads,
+            window,
         )
 
-    def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+    def gated_act(self, gate_up: torch.Tensor) -> torch.Tensor:
+        if self.config.hidden_act == "gelu_tanh":
+            return self.ops.gelu_mul(gate_up)
         return self.ops.silu_mul(gate_up)

@@ -1,5 +1,10 @@
 """The Llama family's forward over a flat batch, with every K/V read and written via the pool.
 
+Qwen3, Gemma 3 and SmolLM3 are deltas on this one forward, each a field of ModelConfig: per-head
+q/k norms before rotary, norms on attention's and the MLP's outputs (Gemma's sandwich), GeGLU,
+a scaled embedding, a query scale, sliding-window layers with their own rotary base, and layers
+without rotary (SmolLM3's NoPE). A layer's attention is described by its `LayerKind`.
+
 One forward takes either a DecodePlan (one token per row; the step that is bucketed and
 recorded) or a PrefillPlan (chunks of prompts, and decode rows as chunks of one token). Each
 layer is RMSNorm, the qkv projection, rotary and the K/V write, paged attention, the output
@@ -19,14 +24,18 @@ import torch.nn.functional as F
 from nanoserve.core import DecodePlan, PrefillPlan, StepFootprint
 from nanoserve.runtime.errors import QuantizationError, WeightsError
 from nanoserve.runtime.kernels.cpu_kernels import load_cpu_kernels
-from nanoserve.runtime.loading.checkpoint import Checkpoint
+from nanoserve.runtime.loading.checkpoint import (
+    Checkpoint,
+    expected_tensor_shapes,
+    layer_norm_names,
+)
 from nanoserve.runtime.loading.gguf_blocks import GgufBlocks
 from nanoserve.runtime.loading.model_config import ModelConfig, rope_inv_freq
 from nanoserve.runtime.model.device import resolve_device
 from nanoserve.runtime.model.embedding import QuantEmbedding
 from nanoserve.runtime.model.int8_weight import Int8Weight
 from nanoserve.runtime.model.kv_pool import CacheRows
-from nanoserve.runtime.model.layer_ops import CpuKernelOps, LayerOps, TorchOps
+from nanoserve.runtime.model.layer_ops import CpuKernelOps, LayerKind, LayerOps, TorchOps
 from nanoserve.runtime.model.quant_weight import QuantLinear, QuantWeight
 from nanoserve.runtime.model.weight_forms import (
     KERNEL_FORMS,
@@ -90,7 +99,22 @@ class LayerWeights:
     gate_up: Linear  # [2 * intermediate, hidden]
     down: Linear  # [hidden, intermediate]
     input_norm: torch.Tensor  # [hidden]
-    post_norm: torch.Tensor  # [hidden]
+    post_norm: torch.Tensor  # [hidden], before the MLP
+    qk_norms: tuple[torch.Tensor, torch.Tensor] | None = None  # [head_dim] each (Qwen3, Gemma 3)
+    attn_out_norm: torch.Tensor | None = None  # [hidden], on attention's output (Gemma 3)
+    mlp_out_norm: torch.Tensor | None = None  # [hidden], on the MLP's output (Gemma 3)
+
+
+def layer_kinds(config: ModelConfig) -> tuple[LayerKind, ...]:
+    """Each layer's attention: its window (None: the whole context) and its rotary table (0:
+    the global base; 1: the sliding layers' own base; None: no rotary)."""
+    own_base = config.sliding_rope_theta is not None
+    kinds = []
+    for i in range(config.num_layers):
+        window = config.layer_window(i)
+        rotary = None if i in config.no_rope_layers else int(window is not None and own_base)
+        kinds.append(LayerKind(window=window, rotary=rotary))
+    return tuple(kinds)
 
 
 class LlamaModel:
@@ -135,6 +159,14 @@ class LlamaModel:
         def take(name: str, as_dtype: torch.dtype = dtype) -> torch.Tensor:
             return dense(source(name), as_dtype, self.device)
 
+        def norm(name: str) -> torch.Tensor:
+            # Gemma's norms scale by (1 + w): the 1 added once here, in float32, as transformers
+            # adds it (a GGUF's converter has added it already: the file's config says 0).
+            weight = dense(source(name), torch.float32, self.device)
+            if config.norm_offset:
+                weight = weight + config.norm_offset
+            return weight.to(small_dtype)
+
         def linear(*names: str, form: str | None = quantize) -> Linear:
             return make_linear([source(n) for n in names], form, dtype, self.device)
 
@@ -146,10 +178,17 @@ class LlamaModel:
             else dense(embed, dtype, self.device)
         )  # [vocab, hidden], for lookups
         self.layers: list[LayerWeights] = []
+        norm_names = layer_norm_names(config)
         for i in range(config.num_layers):
             p = f"model.layers.{i}."
             attn = [f"{p}self_attn.{n}_proj" for n in "qkv"]
             has_bias = f"{attn[0]}.bias" in weights
+            norms = {n: norm(f"{p}{n}.weight") for n in norm_names}
+            qk_norms = (
+                (norm(f"{p}self_attn.q_norm.weight"), norm(f"{p}self_attn.k_norm.weight"))
+                if config.qk_norm
+                else None
+            )
             self.layers.append(
                 LayerWeights(
                     qkv=linear(*(f"{a}.weight" for a in attn)),
@@ -159,11 +198,18 @@ class LlamaModel:
                     o=linear(f"{p}self_attn.o_proj.weight"),
                     gate_up=linear(f"{p}mlp.gate_proj.weight", f"{p}mlp.up_proj.weight"),
                     down=linear(f"{p}mlp.down_proj.weight"),
-                    input_norm=take(f"{p}input_layernorm.weight", small_dtype),
-                    post_norm=take(f"{p}post_attention_layernorm.weight", small_dtype),
+                    input_norm=norms["input_layernorm"],
+                    post_norm=norms.get(
+                        "pre_feedforward_layernorm", norms["post_attention_layernorm"]
+                    ),
+                    qk_norms=qk_norms,
+                    attn_out_norm=norms["post_attention_layernorm"]
+                    if config.sandwich_norm
+                    else None,
+                    mlp_out_norm=norms.get("post_feedforward_layernorm"),
                 )
             )
-        self.norm = take("model.norm.weight", small_dtype)
+        self.norm = norm("model.norm.weight")
         # The output projection, tied or not, takes the head's form; tied and unquantized, it
         # is the embedding table itself.
         self.tied = "lm_head.weight" not in weights or config.tie_word_embeddings
@@ -174,18 +220,18 @@ class LlamaModel:
             self.lm_head: Linear = self.embed
         else:
             self.lm_head = make_linear([lm_source], quantize, dtype, self.device, head=True)
-        inv_freq = rope_inv_freq(config, self.device)  # [head_dim / 2] float32
-        # The rotary table covers what the deployment serves, not a 128k-position config.
+        # The rotary tables cover what the deployment serves, not a 128k-position config.
         positions = min(config.max_position_embeddings, max_positions or 1 << 62)
-        t = torch.arange(positions, device=self.device, dtype=torch.float32)
-        freqs = torch.outer(t, inv_freq)  # [max_pos, head_dim / 2]
-        emb = torch.cat((freqs, freqs), dim=-1)
-        self.cos = emb.cos()  # [max_pos, head_dim]
-        self.sin = emb.sin()
+        self.kinds = layer_kinds(config)
+        # Table 0 (the global base) always, so a layer without rotary has a shape to copy.
+        tables = sorted({0} | {k.rotary for k in self.kinds if k.rotary is not None})
+        self.rotary_tables = [
+            rotary_table(config, positions, self.device, sliding=bool(t)) for t in tables
+        ]  # [max_pos, head_dim] cos and sin each
         self.ops: LayerOps = (
-            CpuKernelOps(config, self.cos, self.sin)
+            CpuKernelOps(config, self.rotary_tables)
             if kernel_ops
-            else TorchOps(config, self.cos, self.sin, self.accum_dtype)
+            else TorchOps(config, self.rotary_tables, self.accum_dtype)
         )
         self.kernels = linear_kernels(quantize, dtype, self.device)
         self.invariance = invariance(dtype, batch_invariant, self.device, self.ops.name)
@@ -286,17 +332,24 @@ class LlamaModel:
         the same BLAS kernel (cuBLAS may choose another per row count), at the cost of a few
         rows of the output projection.
         """
-        ops = self.ops
+        ops, cfg = self.ops, self.config
         x = ops.residual(self.embed[plan.input_ids])  # [tokens, hidden]
-        rotary = ops.rotary(plan)  # once for all layers
+        if cfg.embedding_multiplier != 1.0:
+            x = x * cfg.embedding_multiplier
+        rotary = ops.rotary(plan)  # once per table for all layers
         h = ops.rms_norm(x, self.layers[0].input_norm)
-        for index, layer in enumerate(self.layers):
+        for index, (layer, kind) in enumerate(zip(self.layers, self.kinds, strict=True)):
             qkv = self._linear(h, layer.qkv, layer.qkv_bias)  # [tokens, q + 2 kv]
-            q = ops.rotate_and_cache(qkv, rotary, plan, cache, index)  # [tokens, q]
-            attn = ops.attention(q, plan, cache, index)  # [tokens, q]
-            h = ops.add_rms_norm(x, self._linear(attn, layer.o), layer.post_norm)
+            table = None if kind.rotary is None else rotary[kind.rotary]
+            q = ops.rotate_and_cache(qkv, table, plan, cache, index, layer.qk_norms)  # [tokens, q]
+            attn = self._linear(ops.attention(q, plan, cache, index, kind.window), layer.o)
+            if layer.attn_out_norm is not None:
+                attn = ops.rms_norm(attn, layer.attn_out_norm)
+            h = ops.add_rms_norm(x, attn, layer.post_norm)
             gate_up = self._linear(h, layer.gate_up)  # [tokens, 2 * intermediate]
-            down = self._linear(ops.silu_mul(gate_up), layer.down)  # [tokens, hidden]
+            down = self._linear(ops.gated_act(gate_up), layer.down)  # [tokens, hidden]
+            if layer.mlp_out_norm is not None:
+                down = ops.rms_norm(down, layer.mlp_out_norm)
             if index + 1 < len(self.layers):
                 h = ops.add_rms_norm(x, down, self.layers[index + 1].input_norm)
             else:
@@ -350,30 +403,18 @@ def linear_kernels(quantize: str | None, dtype: torch.dtype, device: torch.devic
     return f"{name} torch/{'mkl' if dtype == torch.float32 else 'onednn'}"
 
 
+def rotary_table(
+    config: ModelConfig, positions: int, device: torch.device, *, sliding: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin, [positions, head_dim] float32 each, in the Hugging Face layout (the two
+    halves of a head share a frequency)."""
+    inv_freq = rope_inv_freq(config, device, sliding=sliding)  # [head_dim / 2] float32
+    t = torch.arange(positions, device=device, dtype=torch.float32)
+    freqs = torch.outer(t, inv_freq)  # [positions, head_dim / 2]
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos(), emb.sin()
+
+
 def weight_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
     """Every weight the model takes, by Hugging Face name, and its shape."""
-    hidden, inter = config.hidden_size, config.intermediate_size
-    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (config.vocab_size, hidden)}
-    for i in range(config.num_layers):
-        p = f"model.layers.{i}."
-        shapes |= {
-            p + "self_attn.q_proj.weight": (config.q_size, hidden),
-            p + "self_attn.k_proj.weight": (config.kv_size, hidden),
-            p + "self_attn.v_proj.weight": (config.kv_size, hidden),
-            p + "self_attn.o_proj.weight": (hidden, config.q_size),
-            p + "mlp.gate_proj.weight": (inter, hidden),
-            p + "mlp.up_proj.weight": (inter, hidden),
-            p + "mlp.down_proj.weight": (hidden, inter),
-            p + "input_layernorm.weight": (hidden,),
-            p + "post_attention_layernorm.weight": (hidden,),
-        }
-        if config.attention_bias:
-            shapes |= {
-                p + "self_attn.q_proj.bias": (config.q_size,),
-                p + "self_attn.k_proj.bias": (config.kv_size,),
-                p + "self_attn.v_proj.bias": (config.kv_size,),
-            }
-    shapes["model.norm.weight"] = (hidden,)
-    if not config.tie_word_embeddings:
-        shapes["lm_head.weight"] = (config.vocab_size, hidden)
-    return shapes
+    return expected_tensor_shapes(config)
