@@ -47,6 +47,7 @@ from nanoserve.runtime.loading.model_config import (
     LinearRope,
     ModelConfig,
 )
+from nanoserve.runtime.text.family_templates import family_template
 from nanoserve.runtime.text.tokenizer import Tokenizer
 
 # The `gguf` package dequantizes these too (its `quants` module), more slowly.
@@ -138,7 +139,8 @@ class GgufFile:
             path=path,
             config=config,
             tokenizer=tokenizer,
-            chat_template=metadata.get("tokenizer.chat_template"),
+            chat_template=metadata.get("tokenizer.chat_template")
+            or family_template(arch, metadata.get("tokenizer.ggml.tokens") or ()),
             tensors=tensors,
             reader=reader,
         )

@@ -1,8 +1,9 @@
 """Text to token ids and back, plus a streaming detokenizer that never splits a UTF-8 character.
 
 `Tokenizer` wraps a `tokenizers.Tokenizer` built either from a Hugging Face `tokenizer.json` or from
-a GGUF file's `tokenizer.ggml.*` metadata (GPT-2 style byte-level BPE). Either way the result
-serialises to a `tokenizer.json` (`to_json`), which is how `convert.py` writes one.
+a GGUF file's `tokenizer.ggml.*` metadata: GPT-2 style byte-level BPE ("gpt2": Llama 3, Qwen,
+SmolLM), or a SentencePiece vocabulary ("llama": Gemma, Llama 2; spm_vocab.py). Either way the
+result serialises to a `tokenizer.json` (`to_json`), which is how `convert.py` writes one.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import tokenizers
 from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers, processors
 
 from nanoserve.runtime.errors import TokenizerError
+from nanoserve.runtime.text.spm_vocab import end_of_turn_ids, spm_backend
 
 # llama.cpp's token types (`tokenizer.ggml.token_type`).
 TOKEN_TYPE_CONTROL = 3  # special tokens: `<|im_start|>`, `<|endoftext|>`
@@ -75,11 +77,15 @@ class Tokenizer:
 
     @classmethod
     def from_gguf_metadata(cls, metadata: Mapping[str, Any], *, source: str) -> Tokenizer:
-        """Rebuild the byte-level BPE tokenizer a GGUF file describes in `tokenizer.ggml.*`."""
+        """Rebuild the tokenizer a GGUF file describes in `tokenizer.ggml.*`."""
         model = metadata.get("tokenizer.ggml.model")
+        if model == "llama":
+            return cls._from_spm_metadata(metadata, source)
         if model != "gpt2":
             raise TokenizerError(
-                source, f"tokenizer.ggml.model={model!r}: only 'gpt2' (byte-level BPE) is supported"
+                source,
+                f"tokenizer.ggml.model={model!r}: only 'gpt2' (byte-level BPE) and 'llama'"
+                " (SentencePiece) are supported",
             )
         tokens: list[str] = list(_required(metadata, "tokenizer.ggml.tokens", source))
         merges: list[str] = list(_required(metadata, "tokenizer.ggml.merges", source))
@@ -117,6 +123,31 @@ class Tokenizer:
         backend.add_special_tokens([AddedToken(t, normalized=False, special=True) for t in special])
         backend.add_tokens([AddedToken(t, normalized=False, special=False) for t in user])
 
+        return cls._finish(backend, metadata, tokens, source)
+
+    @classmethod
+    def _from_spm_metadata(cls, metadata: Mapping[str, Any], source: str) -> Tokenizer:
+        tokens: list[str] = list(_required(metadata, "tokenizer.ggml.tokens", source))
+        try:
+            backend = spm_backend(metadata, source)
+        except Exception as error:  # tokenizers raises a bare Exception for a bad vocabulary
+            if isinstance(error, TokenizerError):
+                raise
+            raise TokenizerError(
+                source, f"inconsistent SentencePiece vocabulary: {error}"
+            ) from None
+        return cls._finish(backend, metadata, tokens, source, extra_eos=end_of_turn_ids(metadata))
+
+    @classmethod
+    def _finish(
+        cls,
+        backend: tokenizers.Tokenizer,
+        metadata: Mapping[str, Any],
+        tokens: Sequence[str],
+        source: str,
+        extra_eos: Sequence[int] = (),
+    ) -> Tokenizer:
+        """The ids that end and begin a sequence, checked, and the BOS the file asks for."""
         bos = metadata.get("tokenizer.ggml.bos_token_id")
         # llama.cpp stops on end-of-turn as well as end-of-sequence; most files name only the latter.
         eos_ids = [metadata.get(f"tokenizer.ggml.{k}_token_id") for k in ("eos", "eot")]
@@ -127,7 +158,8 @@ class Tokenizer:
                 )
         if metadata.get("tokenizer.ggml.add_bos_token", False) and bos is not None:
             backend.post_processor = _prepend(tokens[bos], bos)
-        eos_token_ids = tuple(dict.fromkeys(int(i) for i in eos_ids if i is not None))
+        ids = (*eos_ids, *extra_eos)
+        eos_token_ids = tuple(dict.fromkeys(int(i) for i in ids if i is not None))
         return cls(backend, eos_token_ids=eos_token_ids, bos_token_id=bos)
 
     def __repr__(self) -> str:  # the backend's own repr prints the whole vocabulary

@@ -1,0 +1,180 @@
+"""A SentencePiece GGUF vocabulary as a BPE: the ids llama.cpp's own algorithm gives (merge the
+best-scored adjacent pair until none is a token, then spell leftovers in bytes), on a tiny
+vocabulary written here; the real Gemma 3 file is checked against transformers in
+tests/runtime/model/test_gemma3_file.py."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from nanoserve.runtime.errors import TokenizerError
+from nanoserve.runtime.text.spm_vocab import SPACE
+from nanoserve.runtime.text.tokenizer import Tokenizer
+
+NORMAL, UNKNOWN, CONTROL, USER, BYTE = 1, 2, 3, 4, 6
+# (text, score): distinct scores, so the merge order is the scores' alone.
+PIECES = [
+    (SPACE, -1.0),
+    ("a", -2.0),
+    ("b", -3.0),
+    ("c", -4.0),
+    ("d", -5.0),
+    ("é", -6.0),
+    ("ab", -10.0),
+    ("bc", -9.5),  # beats "ab": "abc" merges b+c first
+    ("abc", -11.0),
+    (SPACE + "a", -8.0),
+    (SPACE + "ab", -12.0),
+    ("cd", -13.0),
+    ("aa", -7.0),
+    (SPACE + SPACE, -14.0),
+    ("dd", -15.0),
+    ("ddd", -16.0),
+]
+
+
+def metadata(add_space_prefix: bool = False, **changes: Any) -> dict[str, Any]:
+    tokens = ["<unk>", "<s>", "</s>", "<end_of_turn>", "\n\n"]
+    types = [UNKNOWN, CONTROL, CONTROL, CONTROL, USER]
+    scores = [0.0, 0.0, 0.0, 0.0, 0.0]
+    tokens += [f"<0x{b:02X}>" for b in range(256)]
+    types += [BYTE] * 256
+    scores += [0.0] * 256
+    tokens += [t for t, _ in PIECES]
+    types += [NORMAL] * len(PIECES)
+    scores += [s for _, s in PIECES]
+    return {
+        "tokenizer.ggml.model": "llama",
+        "tokenizer.ggml.tokens": tokens,
+        "tokenizer.ggml.scores": scores,
+        "tokenizer.ggml.token_type": types,
+        "tokenizer.ggml.bos_token_id": 1,
+        "tokenizer.ggml.eos_token_id": 2,
+        "tokenizer.ggml.add_bos_token": False,
+        "tokenizer.ggml.add_space_prefix": add_space_prefix,
+        **changes,
+    }
+
+
+def llamacpp_spm(text: str, meta: dict[str, Any]) -> list[int]:
+    """llama.cpp's llm_tokenizer_spm, plainly: user-defined tokens split out first, then the
+    highest-scored mergeable adjacent pair (leftmost on a tie), then bytes for leftovers."""
+    tokens, types, scores = (
+        meta[f"tokenizer.ggml.{k}"] for k in ("tokens", "token_type", "scores")
+    )
+    ids = {t: i for i, t in enumerate(tokens)}
+    user = [t for t, k in zip(tokens, types, strict=True) if k == USER]
+    out: list[int] = []
+    pieces = [text]
+    for token in user:
+        pieces = [p for piece in pieces for p in _split_keep(piece, token)]
+    for index, piece in enumerate(pieces):
+        if piece in user:
+            out.append(ids[piece])
+            continue
+        prefix = SPACE if meta["tokenizer.ggml.add_space_prefix"] and index == 0 else ""
+        symbols = list(prefix + piece.replace(" ", SPACE))
+        while True:
+            best: tuple[float, int] | None = None
+            for i in range(len(symbols) - 1):
+                joined = symbols[i] + symbols[i + 1]
+                if joined in ids and types[ids[joined]] == NORMAL:
+                    score = scores[ids[joined]]
+                    if best is None or score > best[0]:
+                        best = (score, i)
+            if best is None:
+                break
+            i = best[1]
+            symbols[i : i + 2] = [symbols[i] + symbols[i + 1]]
+        for symbol in symbols:
+            if symbol in ids:
+                out.append(ids[symbol])
+            else:
+                out.extend(ids[f"<0x{b:02X}>"] for b in symbol.encode())
+    return out
+
+
+def _split_keep(text: str, token: str) -> list[str]:
+    parts = text.split(token)
+    out = []
+    for i, part in enumerate(parts):
+        if i:
+            out.append(token)
+        if part:
+            out.append(part)
+    return out
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> Tokenizer:
+    return Tokenizer.from_gguf_metadata(metadata(), source="tiny-spm")
+
+
+@pytest.mark.parametrize(
+    ("text", "pieces"),
+    [
+        ("abc", ["abc"]),  # b+c first (it scores above a+b), then a+bc
+        ("ab ab", ["ab", SPACE + "ab"]),
+        ("aab", ["aa", "b"]),  # a+a is the best pair of the three
+        ("dddd", ["dd", "dd"]),  # the leftmost of equal pairs, then d+d over dd+d
+        ("  a", [SPACE, SPACE + "a"]),  # ▁+a scores above ▁+▁
+        ("é", ["é"]),
+        ("e", ["<0x65>"]),  # not a token: spelled in bytes
+        ("ü", ["<0xC3>", "<0xBC>"]),
+        ("a\n\nb", ["a", "\n\n", "b"]),  # a user-defined token, matched whole
+    ],
+)
+def test_tiny_vocabulary_pieces(tokenizer: Tokenizer, text: str, pieces: list[str]) -> None:
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    assert [tokenizer.id_to_token(i) for i in ids] == pieces
+    assert ids == llamacpp_spm(text, metadata())
+    assert tokenizer.decode(ids) == text
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(alphabet="abcdé ü\n", max_size=24))
+def test_the_bpe_is_llamacpps_algorithm(tokenizer: Tokenizer, text: str) -> None:
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    assert ids == llamacpp_spm(text, metadata())
+    assert tokenizer.decode(ids) == text
+
+
+def test_a_space_prefix_is_added_and_stripped_again() -> None:
+    meta = metadata(add_space_prefix=True)
+    tokenizer = Tokenizer.from_gguf_metadata(meta, source="tiny-spm")
+    ids = tokenizer.encode("ab ab", add_special_tokens=False)
+    assert [tokenizer.id_to_token(i) for i in ids] == [SPACE + "ab", SPACE + "ab"]
+    assert ids == llamacpp_spm("ab ab", meta)
+    assert tokenizer.decode(ids) == "ab ab"
+
+
+def test_bos_end_of_turn_and_specials() -> None:
+    tokenizer = Tokenizer.from_gguf_metadata(
+        metadata(**{"tokenizer.ggml.add_bos_token": True}), source="tiny-spm"
+    )
+    assert tokenizer.encode("ab")[0] == 1  # the file asks for a BOS
+    # Its <end_of_turn> control token ends a sequence, as llama.cpp treats it.
+    assert tokenizer.eos_token_ids == (2, 3)
+    ids = tokenizer.encode("<s>ab</s>", add_special_tokens=False)
+    assert ids[0] == 1 and ids[-1] == 2
+    assert tokenizer.decode(ids, skip_special_tokens=True) == "ab"
+
+
+def test_a_vocabulary_without_byte_tokens_is_refused() -> None:
+    meta = metadata()
+    for key in ("tokens", "token_type", "scores"):
+        values = meta[f"tokenizer.ggml.{key}"]
+        meta[f"tokenizer.ggml.{key}"] = values[:5] + values[5 + 256 :]
+    with pytest.raises(TokenizerError, match="without byte tokens"):
+        Tokenizer.from_gguf_metadata(meta, source="tiny-spm")
+
+
+def test_scores_of_another_length_are_refused() -> None:
+    meta = metadata()
+    meta["tokenizer.ggml.scores"] = meta["tokenizer.ggml.scores"][:-1]
+    with pytest.raises(TokenizerError, match="disagree"):
+        Tokenizer.from_gguf_metadata(meta, source="tiny-spm")
