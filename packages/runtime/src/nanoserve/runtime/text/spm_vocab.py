@@ -57,11 +57,15 @@ def spm_backend(metadata: Mapping[str, Any], source: str) -> tokenizers.Tokenize
         byte_fallback=True,
     )
     backend = tokenizers.Tokenizer(bpe)
-    escape = [normalizers.Replace(" ", SPACE)]
+    escape: list[normalizers.Normalizer] = [normalizers.Replace(" ", SPACE)]
     if metadata.get("tokenizer.ggml.add_space_prefix", True):
         escape.insert(0, normalizers.Prepend(SPACE))
     backend.normalizer = normalizers.Sequence(escape)
-    steps = [decoders.Replace(SPACE, " "), decoders.ByteFallback(), decoders.Fuse()]
+    steps: list[decoders.Decoder] = [
+        decoders.Replace(SPACE, " "),
+        decoders.ByteFallback(),
+        decoders.Fuse(),
+    ]
     if metadata.get("tokenizer.ggml.add_space_prefix", True):
         steps.append(decoders.Strip(" ", 1, 0))
     backend.decoder = decoders.Sequence(steps)
