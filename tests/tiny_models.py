@@ -66,6 +66,8 @@ _TO_GGUF = {
     "post_attention_layernorm": "ffn_norm",
     "self_attn.q_norm": "attn_q_norm",
     "self_attn.k_norm": "attn_k_norm",
+    "self_attn.qkv_proj": "attn_qkv",  # Phi-3's fused projections
+    "mlp.gate_up_proj": "ffn_up",
 }
 # Gemma 3's four norms, as llama.cpp names them.
 _TO_GGUF_GEMMA3 = _TO_GGUF | {
@@ -85,6 +87,8 @@ TINY_ARCH_OVERRIDES: dict[str, dict[str, Any]] = {
         "num_hidden_layers": 6,
     },
     "smollm3": {"num_hidden_layers": 4, "pad_token_id": None},  # the fourth layer: no rotary
+    # Phi-3-mini's window of 2047 scaled down, and Phi-4-mini's rotary of part of each head
+    "phi3": {"pad_token_id": None, "sliding_window": 6, "partial_rotary_factor": 0.5},
 }
 
 
@@ -150,6 +154,7 @@ def make_tiny_model_dir(
         "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM),
         "gemma3": (transformers.Gemma3TextConfig, transformers.Gemma3ForCausalLM),
         "smollm3": (transformers.SmolLM3Config, transformers.SmolLM3ForCausalLM),
+        "phi3": (transformers.Phi3Config, transformers.Phi3ForCausalLM),
     }[arch]
     geometry = {**_TINY_GEOMETRY, **TINY_ARCH_OVERRIDES.get(arch, {})}
     config = config_cls(**{**geometry, "tie_word_embeddings": tie, **overrides})
@@ -228,10 +233,10 @@ def write_tiny_gguf(
     rope = config["rope_parameters"]
     writer.add_rope_freq_base(rope.get("full_attention", rope)["rope_theta"])
     writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
-    writer.add_rope_dimension_count(head_dim)
+    writer.add_rope_dimension_count(int(head_dim * rope.get("partial_rotary_factor", 1.0)))
     writer.add_key_length(head_dim)
     writer.add_value_length(head_dim)
-    if arch_name == "gemma3":
+    if arch_name in ("gemma3", "phi3") and config.get("sliding_window"):
         writer.add_sliding_window(config["sliding_window"])
     writer.add_vocab_size(config["vocab_size"])
     # The tokenizer, as llama.cpp stores a byte-level BPE.
@@ -253,6 +258,17 @@ def write_tiny_gguf(
     raw_tensors = dict(raw_tensors or {})
     if rope.get("rope_type") == "llama3":  # as llama.cpp's converter stores Llama 3.1+ scaling
         raw_tensors.setdefault("rope_freqs.weight", (_llama3_rope_factors(rope, head_dim), None))
+    if rope.get("rope_type") == "longrope":  # as its Phi-3 converter stores longrope
+        import math
+
+        original = config["original_max_position_embeddings"]
+        scale = config["max_position_embeddings"] / original
+        attention = math.sqrt(1 + math.log(scale) / math.log(original)) if scale > 1 else 1.0
+        writer.add_rope_scaling_orig_ctx_len(original)
+        writer.add_rope_scaling_attn_factors(attention)
+        for kind in ("long", "short"):
+            factors = np.array(rope[f"{kind}_factor"], dtype=np.float32)
+            raw_tensors.setdefault(f"rope_factors_{kind}.weight", (factors, None))
     for name, tensor in load_file(model_dir / "model.safetensors").items():
         values = tensor.float().numpy()
         if arch_name in ("llama", "smollm3") and ".q_proj." in name:

@@ -9,12 +9,8 @@ import pytest
 import torch
 
 from nanoserve.runtime.errors import ConfigError, UnsupportedModelError
-from nanoserve.runtime.loading.model_config import (
-    LinearRope,
-    ModelConfig,
-    RopeScaling,
-    rope_inv_freq,
-)
+from nanoserve.runtime.loading.model_config import ModelConfig
+from nanoserve.runtime.loading.rope import LinearRope, RopeScaling, rope_inv_freq
 from tests.tiny_models import tiny_model_config
 
 LLAMA3_SCALING = {
@@ -159,11 +155,10 @@ def test_invalid_values_name_field_and_value(changes: dict[str, Any], message: s
         ({"rope_parameters": {"rope_type": "yarn", "factor": 4.0}}, "rope_type='yarn'"),
         ({"hidden_act": "gelu"}, "hidden_act='gelu'"),
         ({"mlp_bias": True}, "mlp_bias=True"),
-        ({"model_type": "phi3"}, "model_type 'phi3' is not supported"),
+        ({"model_type": "phi4"}, "model_type 'phi4' is not supported"),
         ({"model_type": "gemma3"}, "Gemma 3 with its vision tower"),
         ({"model_type": "gemma3_text", "final_logit_softcapping": 30.0}, "final_logit_softcapping"),
         ({"layer_types": ["full_attention", "linear_attention"]}, "'linear_attention'"),
-        ({"partial_rotary_factor": 0.5}, "partial_rotary_factor=0.5"),
     ],
 )
 def test_unsupported_variants_are_named(changes: dict[str, Any], message: str) -> None:
@@ -274,3 +269,19 @@ def test_qwen3_and_smollm3_deltas() -> None:
     )
     assert given.no_rope_layers == (1,)
     assert ModelConfig.from_hf(smol.to_hf()) == smol
+
+
+def test_phi3_reads_its_fused_projections_and_window() -> None:
+    config = ModelConfig.from_hf(_tiny_json(model_type="phi3", sliding_window=64))
+    assert config.fused_projections and config.hidden_act == "silu"
+    assert (config.sliding_window, config.sliding_layers) == (64, (0, 1))
+    assert ModelConfig.from_hf(config.to_hf()) == config
+
+
+def test_a_partial_rotary_turns_the_first_dims_of_each_head() -> None:
+    config = ModelConfig.from_hf(_tiny_json(model_type="phi3", partial_rotary_factor=0.75))
+    assert (config.head_dim, config.rotary_dim, config.rope_dim) == (16, 12, 12)
+    assert rope_inv_freq(config).shape == (6,)
+    assert ModelConfig.from_hf(config.to_hf()) == config
+    with pytest.raises(ConfigError, match=r"partial_rotary_factor=1.5 must be in \(0, 1\]"):
+        ModelConfig.from_hf(_tiny_json(model_type="phi3", partial_rotary_factor=1.5))

@@ -24,7 +24,7 @@ from nanoserve.runtime.model.kv_pool import KVPool
 from nanoserve.runtime.model.llama import LlamaModel
 from tests.runtime.capture_helpers import PROMPTS, run_joining_workload
 
-ARCHS = ["qwen3", "gemma3", "smollm3"]
+ARCHS = ["qwen3", "gemma3", "smollm3", "phi3"]
 PROMPT = [5, 17, 3, 99, 250, 31, 7, 7, 7, 120, 64, 8, 200, 2, 11, 13, 17, 19, 23, 29, 31, 37]
 BLOCK = 4
 
@@ -188,7 +188,7 @@ def test_a_llama3_gguf_with_rope_freqs_matches_transformers(
     one factor per frequency (`rope_freqs.weight`) rather than as the blend's parameters."""
     import transformers
 
-    from nanoserve.runtime.loading.model_config import FreqFactors
+    from nanoserve.runtime.loading.rope import FreqFactors
 
     rope = {
         "rope_type": "llama3",
@@ -205,4 +205,44 @@ def test_a_llama3_gguf_with_rope_freqs_matches_transformers(
     checkpoint = load_checkpoint(write_tiny_gguf(model_dir, tmp_path / "llama3.gguf"))
     factors = checkpoint.config.rope_scaling
     assert isinstance(factors, FreqFactors) and len(set(factors.factors)) > 2  # all 3 bands
+    assert rel_error(paged_logits(model_of(checkpoint), PROMPT), expected) < 1e-5
+
+
+def test_a_phi3_longrope_gguf_matches_transformers(
+    tmp_path: Path,
+    make_tiny_model_dir: Callable[..., Path],
+    write_tiny_gguf: Callable[..., Path],
+) -> None:
+    """Phi-3's longrope as llama.cpp stores it: both divisor sets as tensors, the attention
+    factor and the pretraining context in the metadata (short divisors: the context served is
+    within the pretraining one)."""
+    import transformers
+
+    from nanoserve.runtime.loading.rope import LongRope
+
+    rope = {
+        "rope_type": "longrope",
+        "rope_theta": 10000.0,
+        "short_factor": [1.0, 1.1, 1.3, 1.7, 2.0, 2.5, 3.0, 4.0],
+        "long_factor": [1.0, 2.0, 4.0, 8.0, 16.0, 16.0, 32.0, 32.0],
+    }
+    model_dir = make_tiny_model_dir(
+        tmp_path,
+        arch="phi3",
+        tie=False,
+        rope_parameters=rope,
+        max_position_embeddings=8192,
+        original_max_position_embeddings=4096,
+        partial_rotary_factor=1.0,
+    )
+    reference = transformers.AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    with torch.no_grad():
+        expected = reference(torch.tensor([PROMPT])).logits[0]
+    checkpoint = load_checkpoint(write_tiny_gguf(model_dir, tmp_path / "phi3.gguf"))
+    scaling = checkpoint.config.rope_scaling
+    assert isinstance(scaling, LongRope) and scaling.attention_factor > 1.0
+    hf_scaling = load_checkpoint(model_dir).config.rope_scaling
+    assert isinstance(hf_scaling, LongRope)
+    assert scaling.short_factor == pytest.approx(hf_scaling.short_factor, rel=1e-7)  # float32
+    assert scaling.attention_factor == pytest.approx(hf_scaling.attention_factor)
     assert rel_error(paged_logits(model_of(checkpoint), PROMPT), expected) < 1e-5

@@ -165,3 +165,26 @@ def test_prefill_and_decode_attention(
         q[:1], plan_decode(seqs[:1], sink_slot=kv.plan.sink_slot), kv.view((0,)), 0, window
     )
     assert torch.equal(last, out[:1])
+
+
+def test_a_partial_rotary_turns_the_first_dims_bit_for_bit() -> None:
+    """Phi-4-mini's rotary over part of each head (here 16 of 32 dims): the kernel turns the
+    first 16 as their own two halves, as torch does, and leaves the rest."""
+    inv = 1.0 / (10000.0 ** (torch.arange(0, 16, 2).float() / 16))
+    freqs = torch.outer(torch.arange(64).float(), inv)
+    emb = torch.cat((freqs, freqs), dim=-1)
+    tables = [(emb.cos(), emb.sin())]  # [64, 16] each
+    config = dataclasses.replace(CONFIG, rotary_dim=16)
+    ref, ours = TorchOps(config, tables, torch.float32), CpuKernelOps(config, tables)
+    ref_pool, our_pool = pool(), pool()
+    _, plan = prompt_plan(ref_pool, (5, 3))
+    qkv = torch.randn(8, (4 + 4) * 32, generator=torch.Generator().manual_seed(6))
+    q_ref = ref.rotate_and_cache(qkv.clone(), ref.rotary(plan)[0], plan, ref_pool.view((0, 1)), 0)
+    q_ours = ours.rotate_and_cache(
+        qkv.clone(), ours.rotary(plan)[0], plan, our_pool.view((0, 1)), 0
+    )
+    assert torch.equal(q_ours, q_ref)
+    assert torch.equal(our_pool.storage(0), ref_pool.storage(0))
+    heads = qkv[:, :128].view(8, 4, 32)
+    assert torch.equal(q_ours.reshape(8, 4, 32)[..., 16:], heads[..., 16:])  # untouched
+    assert not torch.equal(q_ours.reshape(8, 4, 32)[1:, :, :16], heads[1:, :, :16])

@@ -83,6 +83,23 @@ def tiny_prompt() -> list[int]:
         ("qwen3", True, {}),
         ("gemma3", True, {"query_pre_attn_scalar": 24}),
         ("smollm3", True, {}),
+        ("phi3", False, {}),
+        ("phi3", False, {"partial_rotary_factor": 1.0, "sliding_window": None}),
+        (
+            "phi3",
+            False,
+            {
+                "rope_parameters": {
+                    "rope_type": "longrope",
+                    "rope_theta": 10000.0,
+                    "short_factor": [1.0, 1.1, 1.3, 1.7, 2.0, 2.5, 3.0, 4.0],
+                    "long_factor": [1.0, 2.0, 4.0, 8.0, 16.0, 16.0, 32.0, 32.0],
+                },
+                "max_position_embeddings": 8192,
+                "original_max_position_embeddings": 4096,
+                "partial_rotary_factor": 1.0,
+            },
+        ),
     ],
     ids=[
         "llama-tied",
@@ -94,6 +111,9 @@ def tiny_prompt() -> list[int]:
         "qwen3-qk-norm",
         "gemma3-window",
         "smollm3-nope",
+        "phi3-fused-window-partial",
+        "phi3-full-rotary",
+        "phi3-longrope",
     ],
 )
 def test_tiny_logits_match_transformers(

@@ -61,7 +61,8 @@ def rope_write_kv(
     slots: torch.Tensor,
     heads: int,
 ) -> None:
-    """Rotary on q and k of qkv in place, and k and v written to the pool at slots."""
+    """Rotary on q and k of qkv in place (the first cos.shape[1] dimensions of each head: all,
+    or a partial rotary's), and k and v written to the pool at slots."""
     _ops.rope_write_kv(qkv, positions, cos, sin, kv, slots, heads)
 
 

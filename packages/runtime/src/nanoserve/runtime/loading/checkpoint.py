@@ -119,16 +119,22 @@ def expected_tensor_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
     shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (config.vocab_size, hidden)}
     for i in range(config.num_layers):
         attn, mlp = f"model.layers.{i}.self_attn", f"model.layers.{i}.mlp"
-        shapes[f"{attn}.q_proj.weight"] = (config.q_size, hidden)
-        shapes[f"{attn}.k_proj.weight"] = (config.kv_size, hidden)
-        shapes[f"{attn}.v_proj.weight"] = (config.kv_size, hidden)
+        if config.fused_projections:
+            shapes[f"{attn}.qkv_proj.weight"] = (config.q_size + 2 * config.kv_size, hidden)
+        else:
+            shapes[f"{attn}.q_proj.weight"] = (config.q_size, hidden)
+            shapes[f"{attn}.k_proj.weight"] = (config.kv_size, hidden)
+            shapes[f"{attn}.v_proj.weight"] = (config.kv_size, hidden)
         if config.attention_bias:
             shapes[f"{attn}.q_proj.bias"] = (config.q_size,)
             shapes[f"{attn}.k_proj.bias"] = (config.kv_size,)
             shapes[f"{attn}.v_proj.bias"] = (config.kv_size,)
         shapes[f"{attn}.o_proj.weight"] = (hidden, config.q_size)
-        shapes[f"{mlp}.gate_proj.weight"] = (inter, hidden)
-        shapes[f"{mlp}.up_proj.weight"] = (inter, hidden)
+        if config.fused_projections:
+            shapes[f"{mlp}.gate_up_proj.weight"] = (2 * inter, hidden)
+        else:
+            shapes[f"{mlp}.gate_proj.weight"] = (inter, hidden)
+            shapes[f"{mlp}.up_proj.weight"] = (inter, hidden)
         shapes[f"{mlp}.down_proj.weight"] = (hidden, inter)
         if config.qk_norm:  # one RMSNorm weight per head dimension, shared by the heads
             shapes[f"{attn}.q_norm.weight"] = (config.head_dim,)

@@ -41,12 +41,8 @@ from nanoserve.runtime.kernels import kernel_ops
 from nanoserve.runtime.loading.gguf_blocks import GgufBlocks
 from nanoserve.runtime.loading.gguf_reader import GgufReader, TensorInfo
 from nanoserve.runtime.loading.gguf_types import DEQUANTIZED_HERE, GGML_TYPES, GgmlType
-from nanoserve.runtime.loading.model_config import (
-    Architecture,
-    FreqFactors,
-    LinearRope,
-    ModelConfig,
-)
+from nanoserve.runtime.loading.model_config import Architecture, ModelConfig
+from nanoserve.runtime.loading.rope import FreqFactors, LinearRope, LongRope
 from nanoserve.runtime.text.family_templates import family_template
 from nanoserve.runtime.text.tokenizer import Tokenizer
 
@@ -56,7 +52,14 @@ _GGUF_PACKAGE_TYPES = frozenset(
     | {"MXFP4", "TQ1_0", "TQ2_0"}
 )
 SUPPORTED_TYPES = DEQUANTIZED_HERE | _GGUF_PACKAGE_TYPES
-_ARCHITECTURES: tuple[Architecture, ...] = ("llama", "qwen2", "qwen3", "gemma3", "smollm3")
+_ARCHITECTURES: tuple[Architecture, ...] = (
+    "llama",
+    "qwen2",
+    "qwen3",
+    "gemma3",
+    "smollm3",
+    "phi3",
+)
 _PERMUTED: tuple[Architecture, ...] = ("llama", "smollm3")  # Q/K rows interleaved per head
 _GLOBAL_NAMES = {
     "token_embd": "model.embed_tokens",
@@ -82,6 +85,15 @@ _GEMMA3_LAYER_NAMES = _LAYER_NAMES | {
     "post_attention_norm": "post_attention_layernorm",
     "post_ffw_norm": "post_feedforward_layernorm",
 }
+# Phi-3's fused projections, stored whole (llama.cpp's ffn_up holds gate then up there).
+_PHI3_LAYER_NAMES = _LAYER_NAMES | {
+    "attn_qkv": "self_attn.qkv_proj",
+    "ffn_up": "mlp.gate_up_proj",
+}
+_LAYER_NAMES_BY_ARCH = {"gemma3": _GEMMA3_LAYER_NAMES, "phi3": _PHI3_LAYER_NAMES}
+_ROPE_TENSORS = frozenset(
+    {"rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight"}
+)
 _GEMMA3_SLIDING_PATTERN = 6  # llama.cpp's: five sliding layers, then one global
 _GEMMA3_LOCAL_ROPE_THETA = 10000.0
 _SMOLLM3_NO_ROPE_INTERVAL = 4  # llama.cpp's: every fourth layer without rotary
@@ -92,7 +104,7 @@ def hf_tensor_name(gguf_name: str, arch: str = "llama") -> str | None:
     """The Hugging Face name of a GGUF tensor, or None for one without an HF counterpart."""
     if match := _LAYER_TENSOR.fullmatch(gguf_name):
         layer, part, kind = match.groups()
-        names = _GEMMA3_LAYER_NAMES if arch == "gemma3" else _LAYER_NAMES
+        names = _LAYER_NAMES_BY_ARCH.get(arch, _LAYER_NAMES)
         return f"model.layers.{layer}.{names[part]}.{kind}" if part in names else None
     stem, _, kind = gguf_name.rpartition(".")
     return f"{_GLOBAL_NAMES[stem]}.{kind}" if stem in _GLOBAL_NAMES else None
@@ -119,7 +131,7 @@ class GgufFile:
         tensors: dict[str, TensorInfo] = {}
         for tensor in reader.tensors.values():
             name = hf_tensor_name(tensor.name, arch)
-            if tensor.name == "rope_freqs.weight":  # Llama-3.1 rope scaling, as factors
+            if tensor.name in _ROPE_TENSORS:  # rotary scaling, read by _rope_scaling
                 continue
             if name is None:
                 raise WeightsError(path, f"tensor {tensor.name!r} has no Hugging Face counterpart")
@@ -134,7 +146,8 @@ class GgufFile:
             tensors[name] = tensor
         tokenizer = Tokenizer.from_gguf_metadata(metadata, source=str(path))
         gguf_names = frozenset(reader.tensors)
-        config = _config(metadata, arch, gguf_names, tokenizer, path, _freq_factors(reader, path))
+        scaling = _rope_scaling(reader, arch, path)
+        config = _config(metadata, arch, gguf_names, tokenizer, path, scaling)
         return cls(
             path=path,
             config=config,
@@ -220,7 +233,7 @@ def _config(
     gguf_names: frozenset[str],
     tokenizer: Tokenizer,
     path: Path,
-    freq_factors: FreqFactors | None = None,
+    stored_scaling: FreqFactors | LongRope | None = None,
 ) -> ModelConfig:
     missing = object()
 
@@ -239,16 +252,16 @@ def _config(
         num_kv_heads = num_kv_heads[0]
     head_dim = int(key("attention.key_length", hidden_size // max(num_heads, 1)))
     rope_dim = int(key("rope.dimension_count", head_dim))
-    if rope_dim != head_dim:
-        raise UnsupportedModelError(path, f"partial rotary ({rope_dim} of {head_dim} dims)")
     scaling = key("rope.scaling.type", "none")
-    rope_scaling: LinearRope | FreqFactors | None = freq_factors
+    rope_scaling: LinearRope | FreqFactors | LongRope | None = stored_scaling
     if scaling == "linear" and arch == "gemma3":  # the global layers of Gemma 3 4B and up
         rope_scaling = LinearRope(float(key("rope.scaling.factor")))
     elif scaling not in ("none", "llama3"):  # llama3: the factors are the rope_freqs tensor
         raise UnsupportedModelError(path, f"{arch}.rope.scaling.type={scaling!r} is not supported")
     num_layers = int(key("block_count"))
-    window = key("attention.sliding_window", None) if arch == "gemma3" else None
+    window = key("attention.sliding_window", None) if arch in ("gemma3", "phi3") else None
+    if window is not None and (not window or window >= int(key("context_length"))):
+        window = None  # a window no narrower than the context is none
     gemma = arch == "gemma3"
     try:
         return ModelConfig(
@@ -262,6 +275,7 @@ def _config(
             head_dim=head_dim,
             rope_theta=float(key("rope.freq_base", 10000.0)),
             rope_scaling=rope_scaling,
+            rotary_dim=rope_dim if rope_dim != head_dim else None,
             rms_norm_eps=float(key("attention.layer_norm_rms_epsilon")),
             # llama.cpp writes `output.weight` only when the output projection is not the embedding
             tie_word_embeddings="output.weight" not in gguf_names,
@@ -282,7 +296,9 @@ def _config(
             if arch == "smollm3"
             else (),
             sliding_window=None if window is None else int(window),
-            sliding_layers=tuple(i for i in range(num_layers) if (i + 1) % _GEMMA3_SLIDING_PATTERN)
+            sliding_layers=tuple(
+                i for i in range(num_layers) if not gemma or (i + 1) % _GEMMA3_SLIDING_PATTERN
+            )
             if window is not None
             else (),
             sliding_rope_theta=_GEMMA3_LOCAL_ROPE_THETA if gemma else None,
@@ -291,13 +307,28 @@ def _config(
         raise ConfigError(path, error.problem) from None
 
 
-def _freq_factors(reader: GgufReader, path: Path) -> FreqFactors | None:
-    """Llama 3.1+'s rotary scaling, stored by llama.cpp's converter as one F32 factor per
-    frequency (`rope_freqs.weight`), or None."""
-    info = reader.tensors.get("rope_freqs.weight")
-    if info is None:
+def _rope_scaling(reader: GgufReader, arch: str, path: Path) -> FreqFactors | LongRope | None:
+    """Rotary scaling that llama.cpp's converter stores as tensors: Llama 3.1+'s one factor per
+    frequency (`rope_freqs`), or Phi-3's longrope divisors (`rope_factors_long`/`_short`, with
+    the attention factor and the pretraining context in the metadata); else None."""
+    if "rope_freqs.weight" in reader.tensors:
+        return FreqFactors(_f32_vector(reader, "rope_freqs.weight", path))
+    if "rope_factors_long.weight" not in reader.tensors:
         return None
-    if GGML_TYPES[info.type_id].name != "F32" or len(info.dims) != 1:
-        raise WeightsError(path, "rope_freqs.weight must be a float32 vector")
-    values = reader.tensor_bytes(info).clone().view(torch.float32)
-    return FreqFactors(tuple(float(v) for v in values))
+    metadata = reader.metadata
+    original = metadata.get(f"{arch}.rope.scaling.original_context_length")
+    if not isinstance(original, int):
+        raise ConfigError(path, f"longrope without {arch}.rope.scaling.original_context_length")
+    return LongRope(
+        short_factor=_f32_vector(reader, "rope_factors_short.weight", path),
+        long_factor=_f32_vector(reader, "rope_factors_long.weight", path),
+        original_max_position_embeddings=original,
+        attention_factor=float(metadata.get(f"{arch}.rope.scaling.attn_factor", 1.0)),
+    )
+
+
+def _f32_vector(reader: GgufReader, name: str, path: Path) -> tuple[float, ...]:
+    info = reader.tensors.get(name)
+    if info is None or GGML_TYPES[info.type_id].name != "F32" or len(info.dims) != 1:
+        raise WeightsError(path, f"{name} must be a float32 vector")
+    return tuple(float(v) for v in reader.tensor_bytes(info).clone().view(torch.float32))

@@ -15,11 +15,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any, Literal
 
-import torch
-
 from nanoserve.runtime.errors import ConfigError, UnsupportedModelError
+from nanoserve.runtime.loading.rope import (
+    Scaling,
+    check_rope_scaling,
+    number,
+    parse_rope,
+    rope_to_hf,
+)
 
-Architecture = Literal["llama", "qwen2", "qwen3", "mistral", "gemma3", "smollm3"]
+Architecture = Literal["llama", "qwen2", "qwen3", "mistral", "gemma3", "smollm3", "phi3"]
 ARCHITECTURES: tuple[Architecture, ...] = (
     "llama",
     "qwen2",
@@ -27,6 +32,7 @@ ARCHITECTURES: tuple[Architecture, ...] = (
     "mistral",
     "gemma3",
     "smollm3",
+    "phi3",
 )
 Activation = Literal["silu", "gelu_tanh"]
 HF_CLASS_NAMES: dict[Architecture, str] = {
@@ -36,6 +42,7 @@ HF_CLASS_NAMES: dict[Architecture, str] = {
     "mistral": "MistralForCausalLM",
     "gemma3": "Gemma3ForCausalLM",
     "smollm3": "SmolLM3ForCausalLM",
+    "phi3": "Phi3ForCausalLM",
 }
 # config.json's model_type of each (Gemma 3's text-only checkpoints are "gemma3_text")
 HF_MODEL_TYPES: dict[str, Architecture] = {
@@ -50,46 +57,10 @@ _DEFAULT_MAX_POSITIONS: dict[Architecture, int] = {
     "mistral": 131072,
     "gemma3": 131072,
     "smollm3": 32768,
+    "phi3": 4096,
 }
 _DEFAULT_RMS_NORM_EPS = 1e-6
-_DEFAULT_ROPE_THETA: dict[Architecture, float] = {
-    "llama": 10000.0,
-    "qwen2": 10000.0,
-    "qwen3": 10000.0,
-    "mistral": 10000.0,
-    "gemma3": 1_000_000.0,
-    "smollm3": 2_000_000.0,
-}
-_GEMMA3_LOCAL_ROPE_THETA = 10000.0
 _GEMMA3_SLIDING_PATTERN = 6  # five sliding layers, then one global
-
-
-@dataclass(frozen=True, slots=True)
-class RopeScaling:
-    """Llama-3 style rotary scaling: long wavelengths slowed by `factor`, short ones untouched."""
-
-    factor: float
-    low_freq_factor: float
-    high_freq_factor: float
-    original_max_position_embeddings: int
-
-
-@dataclass(frozen=True, slots=True)
-class LinearRope:
-    """Positions divided by `factor` (Gemma 3's global layers from 4B up)."""
-
-    factor: float
-
-
-@dataclass(frozen=True, slots=True)
-class FreqFactors:
-    """Llama-3 scaling as a GGUF stores it (llama.cpp's `rope_freqs` tensor): frequency i
-    divided by factors[i], the converter's float32 rounding of the same blend."""
-
-    factors: tuple[float, ...]
-
-
-Scaling = RopeScaling | LinearRope | FreqFactors
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,6 +88,7 @@ class ModelConfig:
     norm_offset: float = 0.0  # added to every RMSNorm weight at load (Gemma's `1 + w`)
     embedding_multiplier: float = 1.0  # the embeddings times this (Gemma: sqrt(hidden))
     query_scale: float | None = None  # attention's score scale; None: head_dim ** -0.5
+    rotary_dim: int | None = None  # dimensions rotary turns per head; None: all (Phi-4's 3/4)
     no_rope_layers: tuple[int, ...] = ()  # layers without rotary (SmolLM3's NoPE)
     sliding_window: int | None = None  # tokens a sliding layer sees, itself included
     sliding_layers: tuple[int, ...] = ()  # the layers that attend within the window
@@ -134,6 +106,17 @@ class ModelConfig:
     def kv_size(self) -> int:
         """Width of the key (and of the value) projection's output: num_kv_heads * head_dim."""
         return self.num_kv_heads * self.head_dim
+
+    @property
+    def rope_dim(self) -> int:
+        """Dimensions of a head that rotary turns (its first ones)."""
+        return self.head_dim if self.rotary_dim is None else self.rotary_dim
+
+    @property
+    def fused_projections(self) -> bool:
+        """The checkpoint stores q, k and v as one `qkv_proj`, gate and up as one `gate_up_proj`
+        (Phi-3): the very layout the forward runs, so they are read whole."""
+        return self.architecture == "phi3"
 
     @property
     def attention_scale(self) -> float:
@@ -175,7 +158,7 @@ class ModelConfig:
                     source, f"token id {token_id!r} is outside vocab_size={self.vocab_size}"
                 )
         if self.rope_scaling is not None:
-            _check_rope_scaling(self.rope_scaling, self, source)
+            check_rope_scaling(self.rope_scaling, self.rope_dim, source)
         self._check_deltas(source)
 
     def _check_deltas(self, source: str) -> None:
@@ -188,6 +171,13 @@ class ModelConfig:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, float) or not math.isfinite(value)):
                 raise ConfigError(source, f"{name}={value!r} must be a finite float")
+        rotary = self.rotary_dim
+        if rotary is not None and (
+            type(rotary) is not int or not 0 < rotary <= self.head_dim or rotary % 2
+        ):
+            raise ConfigError(
+                source, f"rotary_dim={rotary!r} must be even and in 2..head_dim={self.head_dim}"
+            )
         for name in ("no_rope_layers", "sliding_layers"):
             layers = getattr(self, name)
             if any(type(i) is not int or not 0 <= i < self.num_layers for i in layers):
@@ -265,7 +255,7 @@ class ModelConfig:
                 raise ConfigError(source, problem)
             head_dim = hidden_size // num_heads
         layer_types = _layer_types(arch, config_json, num_layers, source)
-        rope = _parse_rope(arch, config_json, source)
+        rope = parse_rope(arch, config_json, source)
         window = _sliding_window(arch, config_json, layer_types, field("max_position_embeddings"))
         eos = (generation_config or {}).get("eos_token_id")
         if eos is None:
@@ -283,9 +273,12 @@ class ModelConfig:
                 num_heads=num_heads,
                 num_kv_heads=_or(config_json.get("num_key_value_heads"), num_heads),
                 head_dim=head_dim,
-                rope_theta=_float(rope.theta, "rope_theta", source),
+                rope_theta=number(rope.theta, "rope_theta", source),
                 rope_scaling=rope.scaling,
-                rms_norm_eps=_float(field("rms_norm_eps"), "rms_norm_eps", source),
+                rotary_dim=int(head_dim * rope.partial)
+                if rope.partial != 1.0 and isinstance(head_dim, int)
+                else None,
+                rms_norm_eps=number(field("rms_norm_eps"), "rms_norm_eps", source),
                 tie_word_embeddings=bool(config_json.get("tie_word_embeddings", gemma)),
                 attention_bias=arch == "qwen2" or bool(config_json.get("attention_bias", False)),
                 max_position_embeddings=field("max_position_embeddings"),
@@ -311,7 +304,9 @@ class ModelConfig:
 
     def to_hf(self) -> dict[str, Any]:
         """A transformers 5 `config.json` dict that `from_hf` (and transformers) reads back as-is."""
-        rope = _rope_to_hf(self.rope_theta, self.rope_scaling)
+        rope = rope_to_hf(self.rope_theta, self.rope_scaling)
+        if self.rotary_dim is not None:
+            rope["partial_rotary_factor"] = self.rotary_dim / self.head_dim
         eos: int | list[int] | None = list(self.eos_token_ids) or None
         if isinstance(eos, list) and len(eos) == 1:
             eos = eos[0]
@@ -361,43 +356,9 @@ class ModelConfig:
             out["layer_types"] = [f"{kind}_attention" for kind in kinds]
             if self.architecture in ("qwen2", "qwen3", "smollm3"):
                 out["use_sliding_window"] = True
-        elif self.architecture == "mistral":
+        elif self.architecture in ("mistral", "phi3"):
             out["sliding_window"] = None
         return out
-
-
-def rope_inv_freq(
-    config: ModelConfig, device: torch.device | str = "cpu", *, sliding: bool = False
-) -> torch.Tensor:
-    """Rotary inverse frequencies, `[head_dim // 2]` float32, exactly as transformers computes
-    them; `sliding`: a sliding layer's (its own base where the config has one, and then no
-    scaling: Gemma 3's local layers)."""
-    dim = config.head_dim
-    local_theta = config.sliding_rope_theta if sliding else None
-    local = local_theta is not None
-    theta = local_theta if local_theta is not None else config.rope_theta
-    # Same op order as transformers (int64 arange, then float32 division and power), so the bits agree.
-    exponents = torch.arange(0, dim, 2, dtype=torch.int64, device=device).to(torch.float32) / dim
-    inv_freq = 1.0 / (theta**exponents)
-    s = None if local else config.rope_scaling
-    if s is None:
-        return inv_freq
-    if isinstance(s, LinearRope):
-        return inv_freq / s.factor
-    if isinstance(s, FreqFactors):
-        return inv_freq / torch.tensor(s.factors, dtype=torch.float32, device=device)
-    low_freq_wavelen = s.original_max_position_embeddings / s.low_freq_factor
-    high_freq_wavelen = s.original_max_position_embeddings / s.high_freq_factor
-    wavelen = 2 * math.pi / inv_freq
-    # Long wavelengths (beyond the original context) are slowed by `factor`; short ones untouched;
-    # in between, a linear blend in 1/wavelength.
-    scaled = torch.where(wavelen > low_freq_wavelen, inv_freq / s.factor, inv_freq)
-    smooth = (s.original_max_position_embeddings / wavelen - s.low_freq_factor) / (
-        s.high_freq_factor - s.low_freq_factor
-    )
-    smoothed = (1 - smooth) * scaled / s.factor + smooth * scaled
-    is_medium = ~(wavelen < high_freq_wavelen) * ~(wavelen > low_freq_wavelen)
-    return torch.where(is_medium, smoothed, scaled)
 
 
 _ACTIVATIONS: dict[str, Activation] = {
@@ -406,111 +367,6 @@ _ACTIVATIONS: dict[str, Activation] = {
     "gelu_tanh": "gelu_tanh",
 }
 _HF_ACTIVATIONS: dict[Activation, str] = {"silu": "silu", "gelu_tanh": "gelu_pytorch_tanh"}
-
-
-@dataclass(frozen=True, slots=True)
-class _Rope:
-    theta: Any
-    scaling: Scaling | None
-    sliding_theta: float | None
-
-
-def _parse_rope(arch: Architecture, config_json: Mapping[str, Any], source: str) -> _Rope:
-    # transformers 5 writes `rope_parameters` (theta inside; Gemma 3 one per layer type); 4.x
-    # wrote `rope_theta` + `rope_scaling` (+ Gemma's `rope_local_base_freq`).
-    params: Any = config_json.get("rope_parameters") or config_json.get("rope_scaling") or {}
-    if not isinstance(params, Mapping):
-        raise ConfigError(source, f"rope_parameters={params!r} must be an object")
-    sliding_theta = None
-    if arch == "gemma3":
-        local = params.get("sliding_attention") or {}
-        params = params.get("full_attention", params)
-        if config_json.get("rope_scaling"):  # 4.x: the global layers' scaling only
-            params = config_json["rope_scaling"]
-        sliding_theta = _float(
-            local.get(
-                "rope_theta", config_json.get("rope_local_base_freq", _GEMMA3_LOCAL_ROPE_THETA)
-            ),
-            "rope_local_base_freq",
-            source,
-        )
-        if local.get("rope_type", "default") != "default":
-            raise UnsupportedModelError(source, f"sliding layers' rope_type={local['rope_type']!r}")
-    theta = params.get("rope_theta", config_json.get("rope_theta", _DEFAULT_ROPE_THETA[arch]))
-    partial = params.get("partial_rotary_factor", config_json.get("partial_rotary_factor", 1.0))
-    if partial != 1.0:
-        raise UnsupportedModelError(source, f"partial_rotary_factor={partial!r} (only 1.0)")
-    rope_type = params.get("rope_type", params.get("type", "default"))
-    scaling: Scaling | None
-    try:
-        if rope_type == "default":
-            scaling = None
-        elif rope_type == "linear":
-            scaling = LinearRope(factor=_float(params["factor"], "rope factor", source))
-        elif rope_type == "llama3":
-            scaling = RopeScaling(
-                factor=_float(params["factor"], "rope factor", source),
-                low_freq_factor=_float(params["low_freq_factor"], "low_freq_factor", source),
-                high_freq_factor=_float(params["high_freq_factor"], "high_freq_factor", source),
-                original_max_position_embeddings=params["original_max_position_embeddings"],
-            )
-        else:
-            raise UnsupportedModelError(
-                source,
-                f"rope_type={rope_type!r} is not supported (supported: default, linear, llama3)",
-            )
-    except KeyError as missing:
-        raise ConfigError(source, f"{rope_type} rope scaling lacks {missing.args[0]!r}") from None
-    return _Rope(theta, scaling, sliding_theta)
-
-
-def _rope_to_hf(theta: float, s: Scaling | None) -> dict[str, Any]:
-    if isinstance(s, FreqFactors):  # the blend's parameters are not in a GGUF, only its result
-        raise UnsupportedModelError(
-            "config", "rope_freqs factors (a Llama 3.x GGUF) have no config.json form"
-        )
-    rope: dict[str, Any] = {"rope_type": "default", "rope_theta": theta}
-    if isinstance(s, RopeScaling):
-        rope |= {
-            "rope_type": "llama3",
-            "factor": s.factor,
-            "low_freq_factor": s.low_freq_factor,
-            "high_freq_factor": s.high_freq_factor,
-            "original_max_position_embeddings": s.original_max_position_embeddings,
-        }
-    elif isinstance(s, LinearRope):
-        rope |= {"rope_type": "linear", "factor": s.factor}
-    return rope
-
-
-def _check_rope_scaling(s: Scaling, config: ModelConfig, source: str) -> None:
-    if isinstance(s, LinearRope):
-        if not math.isfinite(s.factor) or s.factor <= 0:
-            raise ConfigError(source, f"linear rope factor={s.factor!r} must be positive")
-        return
-    if isinstance(s, FreqFactors):
-        half = config.head_dim // 2
-        if len(s.factors) != half or not all(math.isfinite(f) and f > 0 for f in s.factors):
-            raise ConfigError(
-                source, f"rope_freqs must be {half} positive factors, got {len(s.factors)}"
-            )
-        return
-    for name in ("factor", "low_freq_factor", "high_freq_factor"):
-        value = getattr(s, name)
-        if not isinstance(value, float) or not math.isfinite(value) or value <= 0:
-            raise ConfigError(
-                source, f"rope scaling {name}={value!r} must be a positive finite float"
-            )
-    if s.high_freq_factor <= s.low_freq_factor:  # the blend divides by their difference
-        raise ConfigError(
-            source,
-            f"rope scaling high_freq_factor={s.high_freq_factor} must exceed low_freq_factor={s.low_freq_factor}",
-        )
-    value = s.original_max_position_embeddings
-    if type(value) is not int or value <= 0:
-        raise ConfigError(
-            source, f"original_max_position_embeddings={value!r} must be a positive integer"
-        )
 
 
 def _layer_types(
@@ -566,12 +422,6 @@ def _no_rope_layers(
 
 def _or(value: Any, default: Any) -> Any:
     return default if value is None else value
-
-
-def _float(value: Any, name: str, source: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ConfigError(source, f"{name}={value!r} must be a number")
-    return float(value)
 
 
 def _token_ids(value: Any, name: str, source: str) -> tuple[int, ...]:

@@ -157,7 +157,11 @@ class TorchOps:
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    # x: [tokens, heads, head_dim]; Hugging Face layout: rotate the two halves.
+    # x: [tokens, heads, head_dim]; Hugging Face layout: rotate the two halves of the first
+    # cos.shape[-1] dimensions (all of them, or a partial rotary's), the rest pass.
+    turned = cos.shape[-1]
+    if turned < x.shape[-1]:
+        return torch.cat((_rotate(x[..., :turned], cos, sin), x[..., turned:]), dim=-1)
     half = x.shape[-1] // 2
     rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
     return (x.float() * cos + rotated.float() * sin).to(x.dtype)

@@ -30,7 +30,8 @@ from nanoserve.runtime.loading.checkpoint import (
     layer_norm_names,
 )
 from nanoserve.runtime.loading.gguf_blocks import GgufBlocks
-from nanoserve.runtime.loading.model_config import ModelConfig, rope_inv_freq
+from nanoserve.runtime.loading.model_config import ModelConfig
+from nanoserve.runtime.loading.rope import rope_attention_factor, rope_inv_freq
 from nanoserve.runtime.model.device import resolve_device
 from nanoserve.runtime.model.embedding import QuantEmbedding
 from nanoserve.runtime.model.int8_weight import Int8Weight
@@ -181,7 +182,9 @@ class LlamaModel:
         norm_names = layer_norm_names(config)
         for i in range(config.num_layers):
             p = f"model.layers.{i}."
-            attn = [f"{p}self_attn.{n}_proj" for n in "qkv"]
+            fused = config.fused_projections
+            attn = [f"{p}self_attn.{n}_proj" for n in (["qkv"] if fused else "qkv")]
+            mlp = [f"{p}mlp.{n}_proj" for n in (["gate_up"] if fused else ["gate", "up"])]
             has_bias = f"{attn[0]}.bias" in weights
             norms = {n: norm(f"{p}{n}.weight") for n in norm_names}
             qk_norms = (
@@ -196,7 +199,7 @@ class LlamaModel:
                     if has_bias
                     else None,
                     o=linear(f"{p}self_attn.o_proj.weight"),
-                    gate_up=linear(f"{p}mlp.gate_proj.weight", f"{p}mlp.up_proj.weight"),
+                    gate_up=linear(*(f"{m}.weight" for m in mlp)),
                     down=linear(f"{p}mlp.down_proj.weight"),
                     input_norm=norms["input_layernorm"],
                     post_norm=norms.get(
@@ -407,12 +410,15 @@ def rotary_table(
     config: ModelConfig, positions: int, device: torch.device, *, sliding: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin, [positions, head_dim] float32 each, in the Hugging Face layout (the two
-    halves of a head share a frequency)."""
-    inv_freq = rope_inv_freq(config, device, sliding=sliding)  # [head_dim / 2] float32
+    halves of a head share a frequency), times longrope's attention factor where it has one."""
+    inv_freq = rope_inv_freq(config, device, sliding=sliding, positions=positions)
     t = torch.arange(positions, device=device, dtype=torch.float32)
     freqs = torch.outer(t, inv_freq)  # [positions, head_dim / 2]
     emb = torch.cat((freqs, freqs), dim=-1)
-    return emb.cos(), emb.sin()
+    scale = 1.0 if sliding else rope_attention_factor(config)
+    if scale == 1.0:
+        return emb.cos(), emb.sin()
+    return emb.cos() * scale, emb.sin() * scale
 
 
 def weight_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:

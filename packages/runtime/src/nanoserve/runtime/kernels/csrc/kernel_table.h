@@ -58,13 +58,14 @@ struct RopeArgs {
   float* qkv;                   // [tokens, (heads + 2 kv_heads) * head_dim], row stride qkv_stride
   int64_t qkv_stride;
   const int64_t* positions;     // [tokens]
-  const float* cos;             // [positions, head_dim]
+  const float* cos;             // [positions, rot_dim]: the first rot_dim of a head turn
   const float* sin;
   void* kv;                     // [2, slots + 1, kv_heads, head_dim]: K then V
   const int64_t* slots;         // [tokens]: where each token's K/V go
   int64_t num_slots;            // slots + 1
   int64_t heads, kv_heads, head_dim;
   KvType kv_type;
+  int64_t rot_dim;              // dimensions rotary turns (head_dim, or fewer: partial rotary)
 };
 
 struct KernelTable {

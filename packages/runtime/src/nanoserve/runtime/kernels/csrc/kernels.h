@@ -277,9 +277,10 @@ bool rope_write_kv(const RopeArgs& a, int64_t t0, int64_t t1) {
     const int64_t slot = a.slots[t];
     if (slot < 0 || slot >= a.num_slots) return false;
     float* row = a.qkv + t * a.qkv_stride;
-    const float* cos = a.cos + a.positions[t] * dim;
-    const float* sin = a.sin + a.positions[t] * dim;
-    for (int64_t h = 0; h < a.heads + a.kv_heads; ++h) rotate(row + h * dim, cos, sin, dim);
+    // A partial rotary (Phi-4-mini) turns the first rot_dim of each head, its own two halves.
+    const float* cos = a.cos + a.positions[t] * a.rot_dim;
+    const float* sin = a.sin + a.positions[t] * a.rot_dim;
+    for (int64_t h = 0; h < a.heads + a.kv_heads; ++h) rotate(row + h * dim, cos, sin, a.rot_dim);
     const float* k = row + a.heads * dim;
     store_kv(a.kv, slot * kv_width, k, kv_width, a.kv_type);
     store_kv(a.kv, v_base + slot * kv_width, k + kv_width, kv_width, a.kv_type);

@@ -124,9 +124,10 @@ void rope_write_kv(const at::Tensor& qkv, const at::Tensor& positions, const at:
                   qkv.size(1) == (heads + 2 * kv_heads) * dim,
               "qkv must be float32 [tokens, ", (heads + 2 * kv_heads) * dim, "], got ", qkv.sizes());
   TORCH_CHECK(cos.scalar_type() == at::kFloat && cos.is_contiguous() && cos.dim() == 2 &&
-                  cos.size(1) == dim && cos.sizes() == sin.sizes() && sin.is_contiguous() &&
-                  sin.scalar_type() == at::kFloat,
-              "cos and sin must be contiguous float32 [positions, ", dim, "]");
+                  cos.size(1) > 0 && cos.size(1) <= dim && cos.size(1) % 2 == 0 &&
+                  cos.sizes() == sin.sizes() && sin.is_contiguous() && sin.scalar_type() == at::kFloat,
+              "cos and sin must be contiguous float32 [positions, rotary dims], an even number of"
+              " at most ", dim, ", got ", cos.sizes());
   check_index(positions, "positions", tokens);
   check_index(slots, "slots", tokens);
   const int64_t* pos = positions.data_ptr<int64_t>();
@@ -135,7 +136,7 @@ void rope_write_kv(const at::Tensor& qkv, const at::Tensor& positions, const at:
                 cos.size(0), "-position rotary table");
   const RopeArgs args{qkv.data_ptr<float>(), qkv.stride(0), pos, cos.data_ptr<float>(),
                       sin.data_ptr<float>(), kv.data_ptr(), slots.data_ptr<int64_t>(),
-                      kv.size(1), heads, kv_heads, dim, kv_type(kv)};
+                      kv.size(1), heads, kv_heads, dim, kv_type(kv), cos.size(1)};
   std::atomic<bool> ok{true};
   const KernelTable* t = table();
   at::parallel_for(0, tokens, grain_for(qkv.size(1) * 4), [&](int64_t t0, int64_t t1) {
