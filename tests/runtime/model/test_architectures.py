@@ -246,3 +246,23 @@ def test_a_phi3_longrope_gguf_matches_transformers(
     assert scaling.short_factor == pytest.approx(hf_scaling.short_factor, rel=1e-7)  # float32
     assert scaling.attention_factor == pytest.approx(hf_scaling.attention_factor)
     assert rel_error(paged_logits(model_of(checkpoint), PROMPT), expected) < 1e-5
+
+
+def test_each_serves_from_its_gguf_through_the_boot_path(
+    arch_dir: Path, tmp_path: Path, write_tiny_gguf: Callable[..., Path]
+) -> None:
+    """What `nanoserve serve` runs: build_engine over the file with quantize auto (its own
+    blocks on the kernels), a chat through its template, greedy, as many tokens as asked."""
+    from gguf import GGMLQuantizationType
+
+    from nanoserve.runtime.engine.llm import LLM
+
+    path = write_tiny_gguf(arch_dir, tmp_path / "q8.gguf", qtype=GGMLQuantizationType.Q8_0)
+    llm = LLM(str(path), quantize="auto", dtype="auto", max_model_len=128, kv_budget_bytes=1 << 22)
+    assert llm.engine.config.quantize == "gguf"
+    params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+    (out,) = llm.chat([{"role": "user", "content": "hello world"}], params)
+    assert len(out.outputs[0].token_ids) == 12 and out.outputs[0].finish_reason == "length"
+    (again,) = llm.chat([{"role": "user", "content": "hello world"}], params)
+    assert again.outputs[0].token_ids == out.outputs[0].token_ids
+    llm.engine.check_blocks()
