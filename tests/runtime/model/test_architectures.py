@@ -14,19 +14,18 @@ from typing import Any
 import pytest
 import torch
 
-from nanoserve.core import BlockTable, PrefillChunk, Shape, plan_kv_pool, plan_prefill
+from nanoserve.core import Shape
 from nanoserve.runtime.decode.capture_trace import trace_recorded_steps
 from nanoserve.runtime.engine.engine import Engine
 from nanoserve.runtime.engine.sampling_params import SamplingParams
 from nanoserve.runtime.engine_config import EngineConfig
 from nanoserve.runtime.loading.checkpoint import Checkpoint, load_checkpoint
-from nanoserve.runtime.model.kv_pool import KVPool
 from nanoserve.runtime.model.llama import LlamaModel
 from tests.runtime.capture_helpers import PROMPTS, run_joining_workload
+from tests.runtime.paged_logits import paged_logits, rel_error
 
 ARCHS = ["qwen3", "gemma3", "smollm3", "phi3"]
 PROMPT = [5, 17, 3, 99, 250, 31, 7, 7, 7, 120, 64, 8, 200, 2, 11, 13, 17, 19, 23, 29, 31, 37]
-BLOCK = 4
 
 
 @pytest.fixture(scope="module", params=ARCHS)
@@ -51,29 +50,6 @@ def model_of(checkpoint: Checkpoint, quantize: str | None = None) -> LlamaModel:
     blocks = quantize is not None and checkpoint.format == "gguf"
     tensors = checkpoint.sources(frozenset({"Q8_0"})) if blocks else checkpoint.tensors()
     return LlamaModel.from_tensors(checkpoint.config, tensors, max_positions=256, quantize=quantize)
-
-
-def paged_logits(model: LlamaModel, ids: list[int]) -> torch.Tensor:
-    """Logits at every position of one prompt, through a paged pool whose slots are not the
-    positions (blocks handed out backwards)."""
-    cfg = model.config
-    plan = plan_kv_pool(
-        num_layers=cfg.num_layers,
-        num_kv_heads=cfg.num_kv_heads,
-        head_dim=cfg.head_dim,
-        dtype=model.kv_dtype,
-        block_size=BLOCK,
-        budget_bytes=1 << 26,
-        max_blocks=-(-len(ids) // BLOCK) + 1,
-    )
-    pool = KVPool(plan)
-    table = BlockTable(BLOCK, reversed(range(plan.num_blocks)))
-    prefill = plan_prefill([PrefillChunk(0, tuple(ids), 0, table)], sink_slot=plan.sink_slot)
-    return model.forward(prefill, pool.view((0,)), logit_rows=torch.arange(len(ids)))
-
-
-def rel_error(ours: torch.Tensor, ref: torch.Tensor) -> float:
-    return float((ours - ref).abs().max() / ref.abs().max())
 
 
 def test_gguf_logits_match_transformers(
@@ -133,7 +109,7 @@ def tiny_engine(model_dir: Path, quantize: str | None, **config: Any) -> Engine:
         "max_model_len": 256,
         "max_batch": 8,
         "width_multiple": 8,
-        "block_size": BLOCK,
+        "block_size": 4,
         "kv_budget_bytes": 1 << 22,
         "quantize": quantize,
     }

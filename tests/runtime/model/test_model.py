@@ -8,50 +8,18 @@ from typing import Any
 import pytest
 import torch
 
-from nanoserve.core import BlockTable, PrefillChunk, plan_kv_pool, plan_prefill
 from nanoserve.runtime.engine.engine import Engine
 from nanoserve.runtime.engine.sampling_params import SamplingParams
 from nanoserve.runtime.engine_config import EngineConfig
 from nanoserve.runtime.loading.checkpoint import Checkpoint, load_checkpoint
-from nanoserve.runtime.model.kv_pool import KVPool
 from nanoserve.runtime.model.llama import LlamaModel
-
-BLOCK = 4
+from tests.runtime.paged_logits import paged_logits, rel_error
 
 
 def build(checkpoint: Checkpoint, **kwargs: Any) -> LlamaModel:
     return LlamaModel.from_tensors(
         checkpoint.config, checkpoint.tensors(), max_positions=2048, **kwargs
     )
-
-
-def paged_logits(model: LlamaModel, ids: list[int], chunk: int | None = None) -> torch.Tensor:
-    """Logits at every position, the prompt fed in chunks through a fresh paged pool."""
-    cfg = model.config
-    plan = plan_kv_pool(
-        num_layers=cfg.num_layers,
-        num_kv_heads=cfg.num_kv_heads,
-        head_dim=cfg.head_dim,
-        dtype=model.kv_dtype,
-        block_size=BLOCK,
-        budget_bytes=1 << 28,
-        max_blocks=-(-len(ids) // BLOCK) + 1,
-    )
-    pool = KVPool(plan)
-    # Blocks in reverse order, so a position's slot is never its index.
-    table = BlockTable(BLOCK, reversed(range(plan.num_blocks)))
-    chunk = chunk or len(ids)
-    out = []
-    for start in range(0, len(ids), chunk):
-        piece = tuple(ids[start : start + chunk])
-        prefill = plan_prefill([PrefillChunk(0, piece, start, table)], sink_slot=plan.sink_slot)
-        rows = torch.arange(len(piece))
-        out.append(model.forward(prefill, pool.view((0,)), logit_rows=rows))
-    return torch.cat(out)  # [tokens, vocab]
-
-
-def rel_error(ours: torch.Tensor, ref: torch.Tensor) -> float:
-    return float((ours - ref).abs().max() / ref.abs().max())
 
 
 @pytest.fixture(scope="module")

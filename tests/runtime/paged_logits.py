@@ -1,0 +1,42 @@
+"""Logits at every position of one prompt, through a fresh paged pool: the model tests' one way
+to compare a forward with transformers' (shared; test modules cannot import each other)."""
+
+from __future__ import annotations
+
+import torch
+
+from nanoserve.core import BlockTable, PrefillChunk, plan_kv_pool, plan_prefill
+from nanoserve.runtime.model.kv_pool import KVPool
+from nanoserve.runtime.model.llama import LlamaModel
+
+BLOCK = 4
+
+
+def paged_logits(model: LlamaModel, ids: list[int], chunk: int | None = None) -> torch.Tensor:
+    """[tokens, vocab] float32: the prompt fed in chunks (default: whole), its blocks handed out
+    backwards so that a position's slot is never its index."""
+    cfg = model.config
+    plan = plan_kv_pool(
+        num_layers=cfg.num_layers,
+        num_kv_heads=cfg.num_kv_heads,
+        head_dim=cfg.head_dim,
+        dtype=model.kv_dtype,
+        block_size=BLOCK,
+        budget_bytes=1 << 28,
+        max_blocks=-(-len(ids) // BLOCK) + 1,
+    )
+    pool = KVPool(plan)
+    table = BlockTable(BLOCK, reversed(range(plan.num_blocks)))
+    chunk = chunk or len(ids)
+    out = []
+    for start in range(0, len(ids), chunk):
+        piece = tuple(ids[start : start + chunk])
+        prefill = plan_prefill([PrefillChunk(0, piece, start, table)], sink_slot=plan.sink_slot)
+        rows = torch.arange(len(piece))
+        out.append(model.forward(prefill, pool.view((0,)), logit_rows=rows))
+    return torch.cat(out)
+
+
+def rel_error(ours: torch.Tensor, ref: torch.Tensor) -> float:
+    """The largest difference, relative to the reference's largest magnitude."""
+    return float((ours - ref).abs().max() / ref.abs().max())
