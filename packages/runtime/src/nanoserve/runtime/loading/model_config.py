@@ -16,6 +16,7 @@ from dataclasses import dataclass, fields
 from typing import Any, Literal
 
 from nanoserve.runtime.errors import ConfigError, UnsupportedModelError
+from nanoserve.runtime.loading.layer_pattern import layer_types, no_rope_layers, sliding_window
 from nanoserve.runtime.loading.rope import (
     Scaling,
     check_rope_scaling,
@@ -60,7 +61,6 @@ _DEFAULT_MAX_POSITIONS: dict[Architecture, int] = {
     "phi3": 4096,
 }
 _DEFAULT_RMS_NORM_EPS = 1e-6
-_GEMMA3_SLIDING_PATTERN = 6  # five sliding layers, then one global
 
 
 @dataclass(frozen=True, slots=True)
@@ -254,9 +254,9 @@ class ModelConfig:
                 problem = f"hidden_size={hidden_size} is not a multiple of num_attention_heads={num_heads}"
                 raise ConfigError(source, problem)
             head_dim = hidden_size // num_heads
-        layer_types = _layer_types(arch, config_json, num_layers, source)
+        kinds = layer_types(arch, config_json, num_layers, source)
         rope = parse_rope(arch, config_json, source)
-        window = _sliding_window(arch, config_json, layer_types, field("max_position_embeddings"))
+        window = sliding_window(arch, config_json, kinds, field("max_position_embeddings"))
         eos = (generation_config or {}).get("eos_token_id")
         if eos is None:
             eos = config_json.get("eos_token_id")
@@ -292,9 +292,9 @@ class ModelConfig:
                 query_scale=float(config_json.get("query_pre_attn_scalar", 256)) ** -0.5
                 if gemma
                 else None,
-                no_rope_layers=_no_rope_layers(arch, config_json, num_layers),
+                no_rope_layers=no_rope_layers(arch, config_json, num_layers),
                 sliding_window=window,
-                sliding_layers=tuple(i for i, t in enumerate(layer_types) if t == "sliding")
+                sliding_layers=tuple(i for i, t in enumerate(kinds) if t == "sliding")
                 if window is not None
                 else (),
                 sliding_rope_theta=rope.sliding_theta,
@@ -367,57 +367,6 @@ _ACTIVATIONS: dict[str, Activation] = {
     "gelu_tanh": "gelu_tanh",
 }
 _HF_ACTIVATIONS: dict[Activation, str] = {"silu": "silu", "gelu_tanh": "gelu_pytorch_tanh"}
-
-
-def _layer_types(
-    arch: Architecture, config_json: Mapping[str, Any], num_layers: Any, source: str
-) -> list[str]:
-    """Each layer's attention: "sliding" or "full" (an unknown kind is refused: a hybrid
-    linear-attention layer must never run as softmax attention)."""
-    if type(num_layers) is not int or num_layers <= 0:
-        return []
-    given = config_json.get("layer_types")
-    if given is None:
-        if arch == "gemma3":
-            pattern = config_json.get("sliding_window_pattern", _GEMMA3_SLIDING_PATTERN)
-            return ["full" if (i + 1) % pattern == 0 else "sliding" for i in range(num_layers)]
-        if arch in ("qwen2", "qwen3") and config_json.get("use_sliding_window"):
-            first = config_json.get("max_window_layers", num_layers)
-            return ["sliding" if i >= first else "full" for i in range(num_layers)]
-        return ["sliding"] * num_layers  # a window (if any) applies to every layer
-    if not isinstance(given, list) or len(given) != num_layers:
-        raise ConfigError(source, f"layer_types must list {num_layers} layers, got {given!r}")
-    kinds = {"sliding_attention": "sliding", "full_attention": "full"}
-    if unknown := next((t for t in given if t not in kinds), None):
-        raise UnsupportedModelError(
-            source, f"layer type {unknown!r} is not supported (only full and sliding attention)"
-        )
-    return [kinds[t] for t in given]
-
-
-def _sliding_window(
-    arch: Architecture, config_json: Mapping[str, Any], layer_types: list[str], max_pos: Any
-) -> int | None:
-    window = config_json.get("sliding_window")
-    if window is None or "sliding" not in layer_types:
-        return None
-    if arch in ("qwen2", "qwen3", "smollm3") and not config_json.get("use_sliding_window"):
-        return None  # these configs carry a window size but use it only when told to
-    if isinstance(max_pos, int) and isinstance(window, int) and window >= max_pos:
-        return None  # wider than any context (Phi-4-mini's 262144, Mistral's 4096 at 4k)
-    return window
-
-
-def _no_rope_layers(
-    arch: Architecture, config_json: Mapping[str, Any], num_layers: Any
-) -> tuple[int, ...]:
-    if arch != "smollm3" or type(num_layers) is not int:
-        return ()
-    flags = config_json.get("no_rope_layers")
-    if flags is None:
-        interval = config_json.get("no_rope_layer_interval", 4)
-        flags = [int((i + 1) % interval != 0) for i in range(num_layers)]
-    return tuple(i for i, uses_rope in enumerate(flags[:num_layers]) if not uses_rope)
 
 
 def _or(value: Any, default: Any) -> Any:

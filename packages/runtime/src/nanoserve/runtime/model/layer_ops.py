@@ -16,7 +16,6 @@ runs:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Protocol
 
 import torch
@@ -30,15 +29,6 @@ from nanoserve.runtime.model.kv_pool import CacheRows
 Plan = DecodePlan | PrefillPlan
 Rotary = tuple[torch.Tensor, torch.Tensor]
 QKNorms = tuple[torch.Tensor, torch.Tensor]
-
-
-@dataclass(frozen=True, slots=True)
-class LayerKind:
-    """A layer's attention: the tokens a query sees (its last `window` positions, itself
-    included; None: all of them) and which rotary table turns q and k (None: no rotary)."""
-
-    window: int | None
-    rotary: int | None
 
 
 class LayerOps(Protocol):

@@ -31,12 +31,12 @@ from nanoserve.runtime.loading.checkpoint import (
 )
 from nanoserve.runtime.loading.gguf_blocks import GgufBlocks
 from nanoserve.runtime.loading.model_config import ModelConfig
-from nanoserve.runtime.loading.rope import rope_attention_factor, rope_inv_freq
 from nanoserve.runtime.model.device import resolve_device
 from nanoserve.runtime.model.embedding import QuantEmbedding
 from nanoserve.runtime.model.int8_weight import Int8Weight
 from nanoserve.runtime.model.kv_pool import CacheRows
-from nanoserve.runtime.model.layer_ops import CpuKernelOps, LayerKind, LayerOps, TorchOps
+from nanoserve.runtime.model.layer_kind import layer_kinds, rotary_table
+from nanoserve.runtime.model.layer_ops import CpuKernelOps, LayerOps, TorchOps
 from nanoserve.runtime.model.quant_weight import QuantLinear, QuantWeight
 from nanoserve.runtime.model.weight_forms import (
     KERNEL_FORMS,
@@ -104,18 +104,6 @@ class LayerWeights:
     qk_norms: tuple[torch.Tensor, torch.Tensor] | None = None  # [head_dim] each (Qwen3, Gemma 3)
     attn_out_norm: torch.Tensor | None = None  # [hidden], on attention's output (Gemma 3)
     mlp_out_norm: torch.Tensor | None = None  # [hidden], on the MLP's output (Gemma 3)
-
-
-def layer_kinds(config: ModelConfig) -> tuple[LayerKind, ...]:
-    """Each layer's attention: its window (None: the whole context) and its rotary table (0:
-    the global base; 1: the sliding layers' own base; None: no rotary)."""
-    own_base = config.sliding_rope_theta is not None
-    kinds = []
-    for i in range(config.num_layers):
-        window = config.layer_window(i)
-        rotary = None if i in config.no_rope_layers else int(window is not None and own_base)
-        kinds.append(LayerKind(window=window, rotary=rotary))
-    return tuple(kinds)
 
 
 class LlamaModel:
@@ -404,21 +392,6 @@ def linear_kernels(quantize: str | None, dtype: torch.dtype, device: torch.devic
     if device.type != "cpu":
         return f"{name} torch/{device.type}"
     return f"{name} torch/{'mkl' if dtype == torch.float32 else 'onednn'}"
-
-
-def rotary_table(
-    config: ModelConfig, positions: int, device: torch.device, *, sliding: bool = False
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin, [positions, head_dim] float32 each, in the Hugging Face layout (the two
-    halves of a head share a frequency), times longrope's attention factor where it has one."""
-    inv_freq = rope_inv_freq(config, device, sliding=sliding, positions=positions)
-    t = torch.arange(positions, device=device, dtype=torch.float32)
-    freqs = torch.outer(t, inv_freq)  # [positions, head_dim / 2]
-    emb = torch.cat((freqs, freqs), dim=-1)
-    scale = 1.0 if sliding else rope_attention_factor(config)
-    if scale == 1.0:
-        return emb.cos(), emb.sin()
-    return emb.cos() * scale, emb.sin() * scale
 
 
 def weight_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
