@@ -46,6 +46,28 @@ def test_parse_returns_the_pydantic_object(client: Any, model_name: str) -> None
     assert Person.model_validate_json(choice.message.content) == choice.message.parsed
 
 
+class City(pydantic.BaseModel):
+    name: str
+    country: str
+    population: int
+
+
+def test_an_open_integer_ends(client: Any, model_name: str) -> None:
+    """An integer with no bounds: the grammar closes it at 2**53-1 (16 digits), so the answer
+    ends with stop rather than a population of 1111... until max_tokens."""
+    completion = client.chat.completions.parse(
+        model=model_name,
+        messages=[{"role": "user", "content": "Describe the city of Lyon."}],
+        response_format=City,
+        temperature=0,
+        max_tokens=200,
+    )
+    choice = completion.choices[0]
+    assert choice.finish_reason == "stop", choice.message.content
+    assert isinstance(choice.message.parsed, City)
+    assert abs(choice.message.parsed.population) <= 2**53 - 1
+
+
 def test_json_object_parses(client: Any, model_name: str) -> None:
     completion = client.chat.completions.create(
         model=model_name,

@@ -31,6 +31,7 @@ from nanoserve.api.schemas import (
     ToolCallDelta,
 )
 from nanoserve.runtime.structured.grammar_spec import JSON_OPTIONS, GrammarSpec
+from nanoserve.runtime.structured.number_bounds import bounded_schema
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 _CALL = re.compile(re.escape(OPEN) + r"\s*(.*?)\s*" + re.escape(CLOSE), re.DOTALL)
@@ -76,7 +77,7 @@ class ToolPlan:
             t for t in self.tools if self.choice == "required" or t.function.name == self.function
         ]
         rules = [
-            f'call_{i}: "{OPEN}" %json {json.dumps(_call_schema(t))} "{CLOSE}"'
+            f'call_{i}: "{OPEN}" %json {json.dumps(bounded_schema(_call_schema(t)))} "{CLOSE}"'
             for i, t in enumerate(tools)
         ]
         call = "call: " + " | ".join(f"call_{i}" for i in range(len(tools)))

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from nanoserve.core.errors import FieldError
+from nanoserve.runtime.structured.number_bounds import bounded_schema
 
 GrammarKind = Literal["json_schema", "json_object", "regex", "choice", "grammar", "lark"]
 KINDS: tuple[GrammarKind, ...] = (
@@ -54,7 +55,8 @@ class GrammarSpec:
 
     @classmethod
     def json_schema(cls, schema: Any, *, source: str = "response_format") -> GrammarSpec:
-        """schema: a dict, or its JSON text."""
+        """schema: a dict, or its JSON text; compiled with its open numbers bounded
+        (number_bounds.py), so that no integer runs on until max_tokens."""
         if isinstance(schema, str):
             try:
                 schema = json.loads(schema)
@@ -62,7 +64,7 @@ class GrammarSpec:
                 raise GrammarError(source, f"the schema is not valid JSON: {error}") from None
         if not isinstance(schema, (dict, bool)):
             raise GrammarError(source, "a JSON schema must be an object")
-        return cls("json_schema", canonical_json(schema), source)
+        return cls("json_schema", canonical_json(bounded_schema(schema)), source)
 
     @classmethod
     def json_object(cls, *, source: str = "response_format") -> GrammarSpec:
