@@ -137,12 +137,17 @@ class FakeEngine:
     submitted: list[Submitted] = field(default_factory=list)
     closed: list[str] = field(default_factory=list)  # request ids, as their streams closed
     chats: list[list[dict]] = field(default_factory=list)  # messages render_chat was given
+    template_vars: list[dict] = field(default_factory=list)  # and its template variables
     started: bool = False
     shutdown_grace: float | None = None  # set by shutdown
 
-    def render_chat(self, messages: Sequence[dict], **extra: object) -> str:
+    def render_chat(
+        self, messages: Sequence[dict], add_generation_prompt: bool = True, **extra: object
+    ) -> str:
         self.chats.append([dict(m) for m in messages])
-        return "".join(f"<{m['role']}>{m['content']}" for m in messages) + "<assistant>"
+        self.template_vars.append(dict(extra))
+        text = "".join(f"<{m['role']}>{m['content']}" for m in messages)
+        return text + "<assistant>" if add_generation_prompt else text
 
     def check_room(self, samples: int = 1) -> None:
         if self.room is not None and samples > self.room:
@@ -153,6 +158,7 @@ class FakeEngine:
 
     step_seconds: float = 0.0  # between deltas: a slow engine
     template_reads_tools: bool = False
+    template_thinks: bool = False
     grammars: list[GrammarSpec] = field(default_factory=list)  # compile_grammar's, in turn
     grammar_refusal: BaseException | None = None  # what compile_grammar raises
 

@@ -60,7 +60,14 @@ class EngineClient(Protocol):
         """QueueFullError unless `samples` more fit in the waiting queue."""
         ...
 
-    def render_chat(self, messages: Sequence[Mapping[str, Any]], **extra: object) -> str: ...
+    def render_chat(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        add_generation_prompt: bool = True,
+        **extra: object,
+    ) -> str:
+        """The template's text; `extra` are template variables (tools, enable_thinking)."""
+        ...
 
     def default_max_tokens(self, prompt_len: int) -> int:
         """What a request that leaves max_tokens unset may generate."""
@@ -69,6 +76,11 @@ class EngineClient(Protocol):
     @property
     def template_reads_tools(self) -> bool:
         """Whether the chat template renders `tools` (else the server's tool prompt does)."""
+        ...
+
+    @property
+    def template_thinks(self) -> bool:
+        """Whether the chat template writes reasoning in <think> tags (reasoning.py splits it)."""
         ...
 
     async def compile_grammar(self, spec: GrammarSpec) -> None:

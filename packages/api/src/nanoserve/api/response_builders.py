@@ -195,15 +195,20 @@ def completion_response(
 
 
 def assistant_message(choice: Choice, inputs: ChatInputs) -> tuple[AssistantMessage, str | None]:
-    """The message of one choice and its finish reason: its calls parsed out where tools are
-    in play ("tool_calls" when the model called and stopped, as OpenAI says it)."""
+    """The message of one choice and its finish reason: its reasoning split off where the
+    template thinks, its calls parsed out of the rest where tools are in play ("tool_calls"
+    when the model called and stopped, as OpenAI says it)."""
+    reasoning, text = inputs.reasoning.split(choice.text)
+    thought: dict[str, str] = {}
+    if reasoning is not None:
+        thought = {"reasoning_content": reasoning, "reasoning": reasoning}
     if not inputs.tools.parses:
-        return AssistantMessage(content=choice.text), choice.finish_reason
-    content, calls = parse_tool_calls(choice.text, inputs.tools)
+        return AssistantMessage(content=text, **thought), choice.finish_reason
+    content, calls = parse_tool_calls(text, inputs.tools)
     if not calls:
-        return AssistantMessage(content=choice.text), choice.finish_reason
+        return AssistantMessage(content=text, **thought), choice.finish_reason
     finish = "tool_calls" if choice.finish_reason == "stop" else choice.finish_reason
-    return AssistantMessage(content=content, tool_calls=calls), finish
+    return AssistantMessage(content=content, tool_calls=calls, **thought), finish
 
 
 def chat_response(

@@ -115,6 +115,11 @@ class ChatRequest(_SamplingFields, kw_only=True):
     # "none" | "auto" | "required" | {"type": "function", "function": {"name": ...}}
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
+    # vLLM's extensions: how the conversation is rendered
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False  # the reply goes on from the last (assistant) message
+    add_special_tokens: bool = False  # a BOS etc. on top of the template's own
+    chat_template_kwargs: dict[str, Any] | None = None  # template variables: enable_thinking, ...
 
 
 # -- responses ------------------------------------------------------------------------------
@@ -174,6 +179,9 @@ class ChoiceLogprobs(Struct, kw_only=True):
 class AssistantMessage(Struct, kw_only=True):
     role: str = "assistant"
     content: str | None = None
+    # a thinking model's reasoning (reasoning.py), under both names the peers use
+    reasoning_content: str | UnsetType = UNSET
+    reasoning: str | UnsetType = UNSET
     tool_calls: list[ToolCall] | UnsetType = UNSET  # present only when the model called
 
 
@@ -210,6 +218,8 @@ class ChatCompletionResponse(Struct, kw_only=True):
 class ChatDelta(Struct, kw_only=True, omit_defaults=True):
     role: str | None = None
     content: str | None = None
+    reasoning_content: str | None = None
+    reasoning: str | None = None
     tool_calls: list[ToolCallDelta] | None = None
 
 

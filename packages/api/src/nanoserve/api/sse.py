@@ -99,6 +99,8 @@ async def chat_events(
     # Where tools are in play, each choice's text passes through a parser that holds back
     # what may be a call and sends each call as tool-call deltas.
     parsers = [ToolCallStream(inputs.tools) for _ in range(inputs.params.n)]
+    # Where the template thinks, its <think> part goes first, as reasoning deltas.
+    thinkers = [inputs.reasoning.splitter() for _ in range(inputs.params.n)]
     try:
         for i in range(inputs.params.n):  # OpenAI opens each choice with its role
             role = ChatDelta(role="assistant", content="")
@@ -106,15 +108,18 @@ async def chat_events(
         async for _, delta in merged:
             completion += len(delta.token_ids)
             cached = max(cached, delta.cached_tokens)
-            text, calls = delta.text, None
+            text, calls, thought = delta.text, None, None
             finish = delta.finish_reason
+            if inputs.reasoning.parses:
+                thought, text = thinkers[delta.index].push(text, final=finish is not None)
+                thought = thought or None
             if inputs.tools.parses:
                 parser = parsers[delta.index]
                 text, found = parser.push(text, final=finish is not None)
                 calls = found or None
                 if finish == "stop" and parser.num_calls:
                     finish = "tool_calls"
-            if not text and not calls and finish is None and delta.logprobs is None:
+            if not text and not thought and not calls and finish is None and delta.logprobs is None:
                 continue
             logprobs = None
             if delta.logprobs is not None:
@@ -131,7 +136,12 @@ async def chat_events(
                 last = k == len(parts) - 1
                 choice = ChatChunkChoice(
                     index=delta.index,
-                    delta=ChatDelta(content=(text or None) if k == 0 else None, tool_calls=part),
+                    delta=ChatDelta(
+                        content=(text or None) if k == 0 else None,
+                        reasoning_content=thought if k == 0 else None,
+                        reasoning=thought if k == 0 else None,
+                        tool_calls=part,
+                    ),
                     logprobs=logprobs if k == 0 else None,
                     finish_reason=finish if last else None,
                 )

@@ -7,15 +7,16 @@ field), in the order the fields are read; the engine's own checks come at `submi
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass
 from typing import Any
 
+from nanoserve.api.chat_prompt import ChatPrompt, render_chat_prompt
 from nanoserve.api.engine_client import EngineClient
 from nanoserve.api.errors import APIError
-from nanoserve.api.schemas import ChatMessage, ChatRequest, CompletionRequest, _SamplingFields
+from nanoserve.api.reasoning import OFF, ReasoningPlan
+from nanoserve.api.schemas import ChatRequest, CompletionRequest, _SamplingFields
 from nanoserve.api.structured_outputs import requested_grammar
-from nanoserve.api.tool_calls import ToolPlan, default_tool_prompt, plan_tools, wire_call
+from nanoserve.api.tool_calls import ToolPlan, plan_tools
 from nanoserve.runtime.engine.sampling_params import (
     MAX_N,
     MAX_TOP_LOGPROBS,
@@ -60,10 +61,15 @@ class CompletionInputs:
 
 @dataclass(frozen=True, slots=True)
 class ChatInputs:
-    prompt_ids: list[int]  # the rendered conversation, tokenized
+    prompt: ChatPrompt  # the rendered conversation, and its tokens
     params: SamplingParams
     include_usage: bool
     tools: ToolPlan  # what to look for in the answer's text
+    reasoning: ReasoningPlan = OFF  # whether its <think> part is split out
+
+    @property
+    def prompt_ids(self) -> list[int]:
+        return self.prompt.token_ids
 
 
 def translate_completion(request: CompletionRequest, engine: EngineClient) -> CompletionInputs:
@@ -129,7 +135,8 @@ def translate_chat(request: ChatRequest, engine: EngineClient) -> ChatInputs:
             " response_format or structured_outputs",
             param="tool_choice",
         )
-    prompt_ids = chat_prompt(request, engine, tools)
+    prompt = render_chat_prompt(request, engine, tools)
+    prompt_ids = prompt.token_ids
     params = sampling_params(
         request,
         max_tokens=max_tokens,
@@ -139,7 +146,11 @@ def translate_chat(request: ChatRequest, engine: EngineClient) -> ChatInputs:
         grammar=grammar or tool_grammar,
     )
     return ChatInputs(
-        prompt_ids=prompt_ids, params=params, include_usage=_include_usage(request), tools=tools
+        prompt=prompt,
+        params=params,
+        include_usage=_include_usage(request),
+        tools=tools,
+        reasoning=ReasoningPlan.of(engine.template_thinks, prompt.text),
     )
 
 
@@ -222,82 +233,3 @@ def completion_prompts(request: CompletionRequest, engine: EngineClient) -> list
         "prompt must be a string, a list of strings, token ids, or lists of token ids",
         param="prompt",
     )
-
-
-def chat_prompt(request: ChatRequest, engine: EngineClient, tools: ToolPlan) -> list[int]:
-    if not request.messages:
-        raise APIError(400, "messages is empty", param="messages")
-    native = engine.template_reads_tools  # the template renders tools, calls and results
-    messages = [_chat_message(i, m, native) for i, m in enumerate(request.messages)]
-    extra: dict[str, object] = {}
-    if tools.parses and native:
-        extra["tools"] = tools.tool_dicts()
-    elif tools.parses:
-        prompt = default_tool_prompt(tools)
-        if messages[0]["role"] == "system":
-            messages[0] = {**messages[0], "content": f"{messages[0]['content']}\n\n{prompt}"}
-        else:
-            messages.insert(0, {"role": "system", "content": prompt})
-    text = engine.render_chat(messages, **extra)
-    return engine.tokenizer.encode(text, add_special_tokens=False)
-
-
-def _chat_message(i: int, message: ChatMessage, native: bool) -> dict[str, Any]:
-    """One message as the chat template reads it (tool turns rewritten where it cannot)."""
-    if message.role not in ("system", "user", "assistant", "developer", "tool"):
-        raise APIError(
-            400, f"messages[{i}].role {message.role!r} is not supported", param="messages"
-        )
-    content = message.content
-    if isinstance(content, list):
-        texts = []
-        for part in content:
-            if part.type != "text" or part.text is None:
-                raise APIError(
-                    400, f"messages[{i}]: only text content parts are supported", param="messages"
-                )
-            texts.append(part.text)
-        content = "".join(texts)
-    content = content or ""
-    if message.role == "tool":
-        if not message.tool_call_id:
-            raise APIError(
-                400, f"messages[{i}]: a tool message needs tool_call_id", param="messages"
-            )
-        if native:
-            return {"role": "tool", "content": content, "tool_call_id": message.tool_call_id}
-        return {"role": "user", "content": f"<tool_response>\n{content}\n</tool_response>"}
-    if message.tool_calls:
-        if message.role != "assistant":
-            raise APIError(
-                400, f"messages[{i}]: only assistant messages carry tool_calls", param="messages"
-            )
-        if native:
-            calls = [
-                {
-                    "id": c.id,
-                    "type": "function",
-                    "function": {
-                        "name": c.function.name,
-                        "arguments": _arguments(c.function.arguments),
-                    },
-                }
-                for c in message.tool_calls
-            ]
-            return {"role": "assistant", "content": content, "tool_calls": calls}
-        written = "\n".join(
-            wire_call(c.function.name, c.function.arguments) for c in message.tool_calls
-        )
-        return {"role": "assistant", "content": f"{content}\n{written}" if content else written}
-    role = "system" if message.role == "developer" else message.role
-    return {"role": role, "content": content}
-
-
-def _arguments(text: str) -> Any:
-    """Templates index arguments as a mapping (Hugging Face's convention); JSON text that is
-    not an object is passed on as sent."""
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError:
-        return text
-    return value if isinstance(value, dict) else text

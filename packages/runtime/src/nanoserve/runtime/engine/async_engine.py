@@ -228,8 +228,13 @@ class AsyncEngine:
     def tokenizer(self) -> Tokenizer:
         return self.engine.tokenizer
 
-    def render_chat(self, messages: Sequence[Mapping[str, Any]], **extra: object) -> str:
-        return self.engine.render_chat(messages, **extra)
+    def render_chat(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        add_generation_prompt: bool = True,
+        **extra: object,
+    ) -> str:
+        return self.engine.render_chat(messages, add_generation_prompt, **extra)
 
     def default_max_tokens(self, prompt_len: int) -> int:
         return self.engine.default_max_tokens(prompt_len)
@@ -237,6 +242,10 @@ class AsyncEngine:
     @property
     def template_reads_tools(self) -> bool:
         return self.engine.template_reads_tools
+
+    @property
+    def template_thinks(self) -> bool:
+        return self.engine.template_thinks
 
     async def compile_grammar(self, spec: GrammarSpec) -> None:
         """Compile off the event loop (a large schema takes long), raising GrammarError; the

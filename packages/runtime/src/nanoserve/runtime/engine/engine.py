@@ -360,14 +360,25 @@ class Engine:
         context = min(self.config.max_model_len, self.pool_plan.num_slots)
         return max(1, context - prompt_len)
 
-    def render_chat(self, messages: Seq[Mapping[str, Any]], **extra: object) -> str:
+    def render_chat(
+        self,
+        messages: Seq[Mapping[str, Any]],
+        add_generation_prompt: bool = True,
+        **extra: object,
+    ) -> str:
         if self.chat_template is None:
             raise RequestError("messages", f"the model {self.name} has no chat template")
-        return self.chat_template.render(messages, add_generation_prompt=True, **extra)
+        return self.chat_template.render(
+            messages, add_generation_prompt=add_generation_prompt, **extra
+        )
 
     @property
     def template_reads_tools(self) -> bool:
         return self.chat_template is not None and self.chat_template.reads_tools
+
+    @property
+    def template_thinks(self) -> bool:
+        return self.chat_template is not None and self.chat_template.thinks
 
     def check_blocks(self) -> None:
         self.blocks.check(idle=not self.has_unfinished)

@@ -83,6 +83,12 @@ class ChatTemplate:
                 self.source, f"chat template syntax error at line {error.lineno}: {error.message}"
             ) from None
 
+    @property
+    def thinks(self) -> bool:
+        """Whether the template writes reasoning in <think>…</think> (Qwen3, SmolLM3): the
+        server then splits an answer's reasoning from its content."""
+        return "<think>" in self.text and "</think>" in self.text
+
     @classmethod
     def from_checkpoint(cls, checkpoint: TemplateSource) -> ChatTemplate:
         tokenizer = checkpoint.tokenizer

@@ -1,0 +1,98 @@
+"""Reasoning output: a `<think>…</think>` answer split into its reasoning and its content.
+
+For chat templates that write thinking in these tags (Qwen3, SmolLM3, DeepSeek-R1's
+distillations), the text between them is the message's `reasoning_content` (also sent as
+`reasoning`: vLLM and llama.cpp use the first name, OpenRouter and newer vLLM the second), the
+rest its `content`. A model may open the tag itself, or the template may have opened it at the
+end of the prompt (Qwen3's thinking-only variants): `ReasoningPlan.starts_inside` says which.
+A template without the tags is left alone: the plan is off and the text is all content.
+
+Streamed, a possible tag cut between two deltas (`</th` + `ink>`) is held back until it is known;
+the whitespace between `</think>` and the answer is dropped, as the peers drop it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+OPEN, CLOSE = "<think>", "</think>"
+
+
+@dataclass(frozen=True, slots=True)
+class ReasoningPlan:
+    parses: bool  # the template writes <think> tags: split the answer
+    starts_inside: bool = False  # the prompt ends inside an open <think>
+
+    @classmethod
+    def of(cls, template_thinks: bool, prompt_text: str) -> ReasoningPlan:
+        if not template_thinks:
+            return OFF
+        return cls(True, prompt_text.rfind(OPEN) > prompt_text.rfind(CLOSE))
+
+    def splitter(self) -> ReasoningSplitter:
+        return ReasoningSplitter(self.starts_inside)
+
+    def split(self, text: str) -> tuple[str | None, str]:
+        """A whole answer: (reasoning or None if there was none, content)."""
+        if not self.parses:
+            return None, text
+        splitter = self.splitter()
+        reasoning, content = splitter.push(text, final=True)
+        return (reasoning if splitter.reasoned else None), content
+
+
+OFF = ReasoningPlan(False)
+
+_START, _REASONING, _AFTER, _CONTENT = range(4)
+
+
+class ReasoningSplitter:
+    """One answer's text, pushed as it streams: each push returns its (reasoning, content)."""
+
+    __slots__ = ("_pending", "_state", "reasoned")
+
+    def __init__(self, starts_inside: bool = False) -> None:
+        self._state = _REASONING if starts_inside else _START
+        self._pending = ""
+        self.reasoned = starts_inside  # reasoning was opened, so there is some (maybe "")
+
+    def push(self, text: str, *, final: bool = False) -> tuple[str, str]:
+        self._pending += text
+        reasoning, content = "", ""
+        while True:
+            pending = self._pending
+            if self._state == _START:
+                lead = pending.lstrip()
+                if lead.startswith(OPEN):
+                    self._pending, self._state, self.reasoned = lead[len(OPEN) :], _REASONING, True
+                elif OPEN.startswith(lead) and not final:
+                    return reasoning, content  # may still become <think>
+                else:
+                    self._state = _CONTENT
+            elif self._state == _REASONING:
+                at = pending.find(CLOSE)
+                if at >= 0:
+                    reasoning += pending[:at]
+                    self._pending, self._state = pending[at + len(CLOSE) :], _AFTER
+                    continue
+                keep = 0 if final else _partial_tail(pending, CLOSE)
+                reasoning += pending[: len(pending) - keep]
+                self._pending = pending[len(pending) - keep :]
+                return reasoning, content
+            elif self._state == _AFTER:
+                lead = pending.lstrip()
+                if not lead and not final:
+                    self._pending = ""
+                    return reasoning, content
+                self._pending, self._state = lead, _CONTENT
+            else:
+                self._pending = ""
+                return reasoning, content + pending
+
+
+def _partial_tail(text: str, tag: str) -> int:
+    """The length of the longest end of text that begins tag (held back: it may be the tag)."""
+    for size in range(min(len(tag) - 1, len(text)), 0, -1):
+        if tag.startswith(text[-size:]):
+            return size
+    return 0
