@@ -50,6 +50,11 @@ class FakeTokenizer:
     def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = False) -> str:
         return "".join(chr(i) for i in ids)
 
+    def id_to_token(self, token_id: int) -> str | None:
+        return f"<{token_id}>"
+
+    vocab_size = 0x110000  # every code point
+
 
 def logprob(position: int) -> float:
     """The fake's logprob of a sample's token at position 0, 1, ...: -1/8, -2/8, ..."""

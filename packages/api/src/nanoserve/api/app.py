@@ -17,6 +17,7 @@ from nanoserve.api.health import Health, HealthNotReady
 from nanoserve.api.openai_routes import OpenAIController
 from nanoserve.api.settings import ServerSettings
 from nanoserve.api.state import ServerState
+from nanoserve.api.token_routes import TokenController
 
 
 def require_api_key(connection: ASGIConnection, handler: BaseRouteHandler) -> None:
@@ -59,7 +60,7 @@ def create_app(
     """Configured from `settings`, else from NANOSERVE_* environment variables."""
     server = server or ServerState(settings or ServerSettings.from_env())
     return Litestar(
-        route_handlers=[OpenAIController, health, metrics],
+        route_handlers=[OpenAIController, TokenController, health, metrics],
         dependencies={"server": Provide(lambda: server, sync_to_thread=False)},
         lifespan=[server.lifespan],
         exception_handlers=EXCEPTION_HANDLERS,  # type: ignore[arg-type]

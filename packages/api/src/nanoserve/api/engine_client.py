@@ -28,6 +28,11 @@ class TokenCodec(Protocol):
 
     def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = False) -> str: ...
 
+    def id_to_token(self, token_id: int) -> str | None: ...
+
+    @property
+    def vocab_size(self) -> int: ...
+
 
 class DeltaStream(Protocol):
     """One submitted request's deltas until its n samples finish. Closing it early aborts the

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from nanoserve.api.chat_prompt import ChatPrompt, render_chat_prompt
 from nanoserve.api.engine_client import EngineClient
@@ -158,7 +158,11 @@ def _include_usage(request: _SamplingFields) -> bool:
     return bool(request.stream_options and request.stream_options.include_usage)
 
 
-def check_model(request: _SamplingFields, engine: EngineClient) -> None:
+class _NamesAModel(Protocol):
+    model: str | None
+
+
+def check_model(request: _NamesAModel, engine: EngineClient) -> None:
     if request.model is not None and request.model != engine.name:
         raise APIError(
             400,
