@@ -15,6 +15,7 @@ from litestar.openapi import OpenAPIConfig
 from nanoserve.api.errors import EXCEPTION_HANDLERS, without_paths
 from nanoserve.api.health import Health, HealthNotReady
 from nanoserve.api.openai_routes import OpenAIController
+from nanoserve.api.responses_routes import ResponsesController
 from nanoserve.api.settings import ServerSettings
 from nanoserve.api.state import ServerState
 from nanoserve.api.token_routes import TokenController
@@ -60,7 +61,7 @@ def create_app(
     """Configured from `settings`, else from NANOSERVE_* environment variables."""
     server = server or ServerState(settings or ServerSettings.from_env())
     return Litestar(
-        route_handlers=[OpenAIController, TokenController, health, metrics],
+        route_handlers=[OpenAIController, ResponsesController, TokenController, health, metrics],
         dependencies={"server": Provide(lambda: server, sync_to_thread=False)},
         lifespan=[server.lifespan],
         exception_handlers=EXCEPTION_HANDLERS,  # type: ignore[arg-type]

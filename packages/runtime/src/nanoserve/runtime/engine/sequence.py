@@ -41,6 +41,8 @@ class Delta:
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int = 0
+    # What ended a "stop": the stop string matched, or the stop token (not an EOS); vLLM's name
+    stop_reason: str | int | None = None
 
 
 @dataclass(slots=True)
@@ -64,6 +66,7 @@ class Sequence:
     block_hashes: list[int] = field(default_factory=list)  # prefix-cache keys of full blocks
     status: Status = Status.WAITING
     finish_reason: str | None = None
+    stop_reason: str | int | None = None  # the stop string or stop token that finished it
     text: str = ""  # decoded output so far, stop strings not yet cut
     emitted: int = 0  # how much of text has been handed out
     arrival: float = field(default_factory=time.monotonic)
@@ -120,6 +123,8 @@ class Sequence:
                 return
         if stop_token or grammar_done:
             self.text += self.detokenizer.flush()
+            if token_id in self.params.stop_token_ids:
+                self.stop_reason = token_id
             self.finish("stop")
         elif len(self.output_ids) >= self.params.max_tokens:
             self.text += self.detokenizer.flush()
@@ -149,7 +154,7 @@ class Sequence:
         hits = [(at, s) for at, s in hits if at >= 0]
         if not hits:
             return False
-        at = min(hits)[0]
+        at, self.stop_reason = min(hits)
         self.text = self.text[:at]
         self.finish("stop")
         return True
@@ -185,6 +190,7 @@ class Sequence:
             prompt_tokens=len(self.prompt_ids),
             completion_tokens=len(self.output_ids),
             cached_tokens=self.num_cached,
+            stop_reason=self.stop_reason if self.finished else None,
         )
         self.pending_ids.clear()
         self.pending_logprobs.clear()
