@@ -48,7 +48,7 @@ async def test_missing_or_wrong_key_is_401(
         response,
         401,
         type="authentication_error",
-        message="a valid API key is required: Authorization: Bearer <key>",
+        message="a valid API key is required: Authorization: Bearer <key> (or x-api-key: <key>)",
     )
     assert response.headers["www-authenticate"] == "Bearer"
     assert KEY not in response.text

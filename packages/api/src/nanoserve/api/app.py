@@ -14,6 +14,7 @@ from litestar.openapi import OpenAPIConfig
 
 from nanoserve.api.errors import EXCEPTION_HANDLERS, without_paths
 from nanoserve.api.health import Health, HealthNotReady
+from nanoserve.api.messages_routes import MessagesController
 from nanoserve.api.openai_routes import OpenAIController
 from nanoserve.api.responses_routes import ResponsesController
 from nanoserve.api.settings import ServerSettings
@@ -27,9 +28,12 @@ def require_api_key(connection: ASGIConnection, handler: BaseRouteHandler) -> No
     if not key or handler.opt.get("public"):
         return
     given = connection.headers.get("authorization", "")
-    if not hmac.compare_digest(given.encode(), f"Bearer {key}".encode()):
+    bearer = hmac.compare_digest(given.encode(), f"Bearer {key}".encode())
+    # Anthropic's clients send the key as x-api-key
+    anthropic = hmac.compare_digest(connection.headers.get("x-api-key", "").encode(), key.encode())
+    if not (bearer or anthropic):
         raise NotAuthorizedException(
-            "a valid API key is required: Authorization: Bearer <key>",
+            "a valid API key is required: Authorization: Bearer <key> (or x-api-key: <key>)",
             headers={"WWW-Authenticate": "Bearer"},
         )
 
@@ -61,7 +65,14 @@ def create_app(
     """Configured from `settings`, else from NANOSERVE_* environment variables."""
     server = server or ServerState(settings or ServerSettings.from_env())
     return Litestar(
-        route_handlers=[OpenAIController, ResponsesController, TokenController, health, metrics],
+        route_handlers=[
+            OpenAIController,
+            ResponsesController,
+            MessagesController,
+            TokenController,
+            health,
+            metrics,
+        ],
         dependencies={"server": Provide(lambda: server, sync_to_thread=False)},
         lifespan=[server.lifespan],
         exception_handlers=EXCEPTION_HANDLERS,  # type: ignore[arg-type]
