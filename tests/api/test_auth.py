@@ -133,4 +133,5 @@ async def test_the_key_is_compared_in_constant_time(monkeypatch: pytest.MonkeyPa
     async with fake_server(FakeEngine(), api_key=KEY) as (client, _):
         response = await client.get("/v1/models", headers={"authorization": "Bearer nope"})
     assert response.status_code == 200
-    assert calls == [(b"Bearer nope", f"Bearer {KEY}".encode())]
+    # both forms are always compared (Authorization, then Anthropic's x-api-key, here absent)
+    assert calls == [(b"Bearer nope", f"Bearer {KEY}".encode()), (b"", KEY.encode())]
