@@ -248,6 +248,16 @@ class FakeEngine:
         )
         return dataclasses.replace(base, **self.status_fields)
 
+    def attach_kv_events(self, sink: Callable[[list[Any]], object]) -> None:
+        self.kv_sink = sink
+
+    async def reset_prefix_cache(self) -> int:
+        self.resets += 1
+        return 0
+
+    kv_sink: Callable[[list[Any]], object] | None = None
+    resets: int = 0
+
     async def start(self) -> None:
         self.started = True
 

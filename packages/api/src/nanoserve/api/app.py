@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hmac
 
-from litestar import Litestar, Response, get
+from litestar import Litestar, Response, get, post
 from litestar.connection import ASGIConnection
 from litestar.datastructures import State
 from litestar.di import NamedDependency, Provide
@@ -59,6 +59,14 @@ def metrics(server: NamedDependency[ServerState]) -> Response[bytes]:
     return Response(server.metrics.render(), media_type="text/plain; version=0.0.4")
 
 
+@post("/reset_prefix_cache", status_code=200)
+async def reset_prefix_cache(server: NamedDependency[ServerState]) -> dict[str, int]:
+    """vLLM's route: forget every cached block (blocks running requests hold stay theirs); with
+    KV events on, subscribers are told AllBlocksCleared."""
+    engine = server.require_engine()
+    return {"cleared_blocks": await engine.reset_prefix_cache()}
+
+
 def create_app(
     settings: ServerSettings | None = None, server: ServerState | None = None
 ) -> Litestar:
@@ -72,6 +80,7 @@ def create_app(
             TokenController,
             health,
             metrics,
+            reset_prefix_cache,
         ],
         dependencies={"server": Provide(lambda: server, sync_to_thread=False)},
         lifespan=[server.lifespan],

@@ -15,6 +15,7 @@ from typing import Any, Protocol
 from nanoserve.runtime.engine.async_engine import AsyncEngine, RequestTimes
 from nanoserve.runtime.engine.build import build_engine
 from nanoserve.runtime.engine.engine_status import EngineStatus
+from nanoserve.runtime.engine.kv_events import KVEvent
 from nanoserve.runtime.engine.sampling_params import SamplingParams
 from nanoserve.runtime.engine.sequence import Delta
 from nanoserve.runtime.engine_config import EngineConfig
@@ -100,6 +101,14 @@ class EngineClient(Protocol):
         ...
 
     def status(self) -> EngineStatus: ...
+
+    def attach_kv_events(self, sink: Callable[[list[KVEvent]], object]) -> None:
+        """Before start(): each step's KV-cache events go to sink (it must not block)."""
+        ...
+
+    async def reset_prefix_cache(self) -> int:
+        """Forget every cached block; how many were named."""
+        ...
 
     async def start(self) -> None: ...
 

@@ -16,6 +16,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from nanoserve.api.engine_client import EngineClient
+from nanoserve.api.kv_event_publisher import KVEventPublisher
 from nanoserve.runtime import RecordingStats
 from nanoserve.runtime.engine.async_engine import RequestTimes
 
@@ -72,6 +73,14 @@ class _EngineCollector(Collector):
             status.kv_cache_usage,
         )
         yield _gauge("kv_cache_blocks_total", "Blocks in the K/V pool.", status.pool.num_blocks)
+        # vLLM's cache_config_info, as llm-d's core-metrics-extractor reads it (its labels)
+        info = GaugeMetricFamily(
+            PREFIX + "cache_config_info",
+            "The K/V cache's geometry, in the labels.",
+            labels=["block_size", "num_gpu_blocks"],
+        )
+        info.add_metric([str(status.pool.block_size), str(status.pool.num_blocks)], 1.0)
+        yield info
         prefix_cache = status.prefix_cache
         yield _gauge(
             "prefix_cache_hit_rate",
@@ -129,10 +138,41 @@ def _recording_metrics(stats: RecordingStats) -> Iterator[Metric]:
     )
 
 
+class _KVEventsCollector(Collector):
+    """The KV-event publisher's counts, when events are on (--kv-events-config)."""
+
+    def __init__(self, publisher: Callable[[], KVEventPublisher | None]) -> None:
+        self._publisher = publisher
+
+    def collect(self) -> Iterator[Metric]:
+        publisher = self._publisher()
+        if publisher is None:
+            return
+        batches, events, dropped_batches, dropped_events = publisher.counts()
+        yield _counter("kv_events_batches_published", "KV-event batches sent.", batches)
+        yield _counter("kv_events_published", "KV-cache events sent.", events)
+        yield _counter(
+            "kv_events_batches_dropped",
+            "KV-event batches dropped because the publisher's queue was full.",
+            dropped_batches,
+        )
+        yield _counter(
+            "kv_events_dropped", "KV-cache events in the dropped batches.", dropped_events
+        )
+        yield _gauge(
+            "kv_events_queue_depth", "Batches waiting for the publisher.", publisher.queue.qsize()
+        )
+
+
 class ServerMetrics:
-    def __init__(self, engine: Callable[[], EngineClient | None]) -> None:
+    def __init__(
+        self,
+        engine: Callable[[], EngineClient | None],
+        kv_events: Callable[[], KVEventPublisher | None] = lambda: None,
+    ) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(_EngineCollector(engine))
+        self.registry.register(_KVEventsCollector(kv_events))
         self.ttft = Histogram(
             "nanoserve:time_to_first_token_seconds",
             "Time to first token.",

@@ -12,6 +12,7 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
+from nanoserve.api.kv_events_config import KVEventsConfig
 from nanoserve.runtime.engine_config import SERVER_DEFAULTS, EngineConfig, EngineConfigError
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]i?b?|b)?\s*$", re.IGNORECASE)
@@ -154,6 +155,13 @@ OPTIONS: tuple[Option, ...] = (
         "seconds a client may take to send a request, head and body; past it, 408 and the"
         " connection closed (default 30; 0 or off: none)",
     ),
+    Option(
+        "--kv-events-config",
+        "kv_events",
+        KVEventsConfig.parse,
+        "KV-cache events for llm-d's indexer, vLLM's JSON: '{\"enable_kv_cache_events\": true,"
+        ' "endpoint": "tcp://*:5557", "replay_endpoint": "tcp://*:5558", "topic": ...}\'',
+    ),
 )
 _SERVER_FIELDS = {
     "api_key",
@@ -162,6 +170,7 @@ _SERVER_FIELDS = {
     "capture",
     "request_timeout",
     "read_timeout",
+    "kv_events",
 }
 
 
@@ -173,6 +182,7 @@ class ServerSettings:
     grace_seconds: float = 10.0
     request_timeout: float | None = None  # seconds; None: no deadline
     read_timeout: float | None = 30.0  # seconds to send a request whole (`nanoserve serve`)
+    kv_events: KVEventsConfig = field(default_factory=KVEventsConfig)
 
     @classmethod
     def from_values(cls, values: Mapping[str, object]) -> ServerSettings:

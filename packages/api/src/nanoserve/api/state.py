@@ -24,7 +24,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from litestar import Litestar
 
@@ -33,6 +33,9 @@ from nanoserve.api.errors import APIError, without_paths
 from nanoserve.api.metrics import ServerMetrics
 from nanoserve.api.settings import ServerSettings
 from nanoserve.runtime import WarmupCancelled
+
+if TYPE_CHECKING:
+    from nanoserve.api.kv_event_publisher import KVEventPublisher
 
 log = logging.getLogger("nanoserve")
 STOP_WAIT_SECONDS = 1.0  # how long a shutdown waits for the boot to reach a boundary
@@ -54,13 +57,14 @@ class ServerState:
         self._engine_factory = engine_factory
         self.boot_error: str | None = None
         self.engine_error: str | None = None  # set if the engine dies while serving
-        self.metrics = ServerMetrics(lambda: self.engine)
+        self.metrics = ServerMetrics(lambda: self.engine, lambda: self.kv_events)
         self._print = say or log.info
         self.phase = "starting"
         self._on_boot_failure = on_boot_failure
         self._boot: asyncio.Task[None] | None = None
         self.cancel = threading.Event()  # set at shutdown: the boot stops at its next boundary
         self.boot_thread: threading.Thread | None = None
+        self.kv_events: KVEventPublisher | None = None  # with --kv-events-config
 
     def _say(self, line: str) -> None:
         """Boot progress: printed, and the latest line is what /health's 503 body reports."""
@@ -97,6 +101,8 @@ class ServerState:
             self.phase = "ready"
             engine.observer = self.metrics.observe
             engine.on_fatal = self._engine_died
+            if self.settings.kv_events.enabled:
+                self.kv_events = self._start_kv_events(engine)
             await engine.start()
             self.engine = engine
         except WarmupCancelled as stop:
@@ -107,6 +113,20 @@ class ServerState:
             self.boot_error = without_paths(f"{type(error).__name__}: {error}")
             if self._on_boot_failure is not None:
                 self._on_boot_failure(error)
+
+    def _start_kv_events(self, engine: EngineClient) -> KVEventPublisher:
+        from nanoserve.api.kv_event_publisher import KVEventPublisher  # imports pyzmq
+
+        config = self.settings.kv_events
+        medium = "GPU" if self.settings.engine.device == "cuda" else "CPU"
+        publisher = KVEventPublisher(config, medium=medium)
+        engine.attach_kv_events(publisher.sink)
+        replay = f", replay on {config.replay_endpoint}" if config.replay_endpoint else ""
+        self._print(
+            f"KV-cache events: {config.event_format} events on {config.endpoint}"
+            f" (topic {config.topic!r}{replay})"
+        )
+        return publisher
 
     @asynccontextmanager
     async def lifespan(self, _: Litestar) -> AsyncIterator[None]:
@@ -123,6 +143,8 @@ class ServerState:
                 self._boot.cancel()
             if self.engine is not None:
                 await self.engine.shutdown(self.settings.grace_seconds)
+            if self.kv_events is not None:
+                self.kv_events.close()
 
     async def _in_boot_thread(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """fn(*args, **kwargs) in a daemon thread, awaited: asyncio.to_thread's pool threads

@@ -26,6 +26,7 @@ from typing import Any, NamedTuple
 from nanoserve.core.errors import NanoserveError
 from nanoserve.runtime.engine.engine import Engine, RequestError
 from nanoserve.runtime.engine.engine_status import EngineStatus
+from nanoserve.runtime.engine.kv_events import KVEvent
 from nanoserve.runtime.engine.sampling_params import SamplingParams
 from nanoserve.runtime.engine.scheduler import QueueFullError
 from nanoserve.runtime.engine.sequence import Delta
@@ -202,6 +203,15 @@ class AsyncEngine:
                 await self._task
         self._step_thread.shutdown(wait=False)
         self.engine.destroy()  # the loop is stopped: no step reads the recordings any more
+
+    def attach_kv_events(self, sink: Callable[[list[KVEvent]], object]) -> None:
+        """Before start(): each step's KV-cache events go to sink, on the step thread."""
+        self.engine.attach_kv_events(sink)
+
+    async def reset_prefix_cache(self) -> int:
+        """Forget every cached block, on the step thread between two steps."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._step_thread, self.engine.reset_prefix_cache)
 
     @property
     def num_in_flight(self) -> int:

@@ -1,8 +1,10 @@
 """BlockManager: the allocator plus the prefix cache, a hash chain over full blocks.
 
-A full block's key is hash((parent key, its token ids)), so a key names the whole prefix up to
-that block. The cache holds one reference on every block it names; a block whose only owner
-is the cache is evictable, least recently used first, and evicting it is what frees it.
+A full block's key is block_key(parent key, its token ids) (kv_events.py), so a key names the
+whole prefix up to that block. The cache holds one reference on every block it names; a block
+whose only owner is the cache is evictable, least recently used first, and evicting it is what
+frees it. With `events` on, every change to the set of named blocks is recorded as a KV event
+(stored, removed, all cleared), so a router's replica of that set stays exact.
 """
 
 from __future__ import annotations
@@ -13,6 +15,14 @@ from dataclasses import dataclass
 
 from nanoserve.core import BlockAllocator, BlockTable, OutOfBlocksError, check_conservation
 from nanoserve.core.blocks import ConservationError
+from nanoserve.runtime.engine.kv_events import (
+    ROOT_KEY,
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    KVEvent,
+    block_key,
+)
 
 
 @dataclass(slots=True)
@@ -37,6 +47,7 @@ class BlockManager:
         ] = {}  # block -> its tokens, to rule out collisions
         self._evictable: OrderedDict[int, None] = OrderedDict()  # LRU first
         self.stats = PrefixCacheStats()
+        self.events: list[KVEvent] | None = None  # recorded here while on; None: off, no cost
 
     @property
     def num_blocks(self) -> int:
@@ -96,10 +107,10 @@ class BlockManager:
         bs = self.block_size
         matchable = (len(token_ids) - 1) // bs
         blocks: list[int] = []
-        parent = 0
+        parent = ROOT_KEY
         for i in range(matchable):
             tokens = tuple(token_ids[i * bs : (i + 1) * bs])
-            key = hash((parent, tokens))
+            key = block_key(parent, tokens)
             block = self._by_key.get(key)
             if block is None or self._tokens_of[block] != tokens:
                 break
@@ -134,19 +145,61 @@ class BlockManager:
             return
         bs = self.block_size
         done = len(hashes) if hashes is not None else 0
-        parent = hashes[-1] if hashes else 0
+        parent = hashes[-1] if hashes else ROOT_KEY
+        stored: list[tuple[int, int, tuple[int, ...]]] = []  # (parent, key, tokens) named now
         for i in range(done, num_computed // bs):
             tokens = tuple(token_ids[i * bs : (i + 1) * bs])
-            key = hash((parent, tokens))
+            key = block_key(parent, tokens)
             block = table.blocks[i]
             if block not in self._key_of and key not in self._by_key:
                 self.allocator.fork(block)  # the cache's own reference
                 self._by_key[key] = block
                 self._key_of[block] = key
                 self._tokens_of[block] = tokens
+                stored.append((parent, key, tokens))
             if hashes is not None:
                 hashes.append(key)
             parent = key
+        if self.events is not None and stored:
+            self._record_stored(stored)
+
+    def _record_stored(self, stored: list[tuple[int, int, tuple[int, ...]]]) -> None:
+        """One BlockStored per run of blocks that chain (each the next one's parent)."""
+        assert self.events is not None
+        run: list[tuple[int, int, tuple[int, ...]]] = []
+        for item in stored:
+            if run and item[0] != run[-1][1]:
+                self.events.append(self._stored(run))
+                run = []
+            run.append(item)
+        self.events.append(self._stored(run))
+
+    def _stored(self, run: list[tuple[int, int, tuple[int, ...]]]) -> BlockStored:
+        parent = run[0][0]
+        return BlockStored(
+            block_hashes=tuple(key for _, key, _ in run),
+            parent_block_hash=None if parent == ROOT_KEY else parent,
+            token_ids=tuple(t for _, _, tokens in run for t in tokens),
+            block_size=self.block_size,
+        )
+
+    def cached_keys(self) -> frozenset[int]:
+        """The keys of every named block: what the KV events say the cache holds."""
+        return frozenset(self._by_key)
+
+    def reset_prefix_cache(self) -> int:
+        """Forget every named block (vLLM's reset_prefix_cache): blocks the cache alone held are
+        freed; those sequences hold stay theirs, unnamed. Returns how many were named."""
+        named = len(self._by_key)
+        for block in list(self._key_of):
+            self.allocator.free([block])  # the cache's reference
+        self._by_key.clear()
+        self._key_of.clear()
+        self._tokens_of.clear()
+        self._evictable.clear()
+        if self.events is not None:
+            self.events.append(AllBlocksCleared())
+        return named
 
     def _evict_one(self) -> None:
         block, _ = self._evictable.popitem(last=False)
@@ -154,6 +207,8 @@ class BlockManager:
         del self._by_key[key]
         del self._tokens_of[block]
         self.allocator.free([block])
+        if self.events is not None:
+            self.events.append(BlockRemoved((key,)))
 
     def check(self, *, idle: bool = False) -> None:
         """Conservation, and when idle: every used block is held by the cache alone."""

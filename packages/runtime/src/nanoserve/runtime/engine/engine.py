@@ -31,6 +31,7 @@ from nanoserve.runtime.decode.warmup import (
 )
 from nanoserve.runtime.engine.block_manager import BlockManager, PrefixCacheStats
 from nanoserve.runtime.engine.engine_status import EngineStatus, snapshot
+from nanoserve.runtime.engine.kv_events import KVEvent
 from nanoserve.runtime.engine.prefill_timing import resolve_prefill_budget
 from nanoserve.runtime.engine.runner import ModelRunner
 from nanoserve.runtime.engine.sampler import SampleResult, SampleRow, sample
@@ -113,6 +114,7 @@ class Engine:
             cfg.vocab_size, config.max_batch, pin=model.device.type == "cuda"
         )
         self._requests: dict[str, list[Sequence]] = {}
+        self._kv_sink: Callable[[list[KVEvent]], object] | None = None
         self._seq_ids = itertools.count()
         self.warm_report: WarmupReport | None = None
         self.finished = Counter[str]()
@@ -232,10 +234,36 @@ class Engine:
     def step(self) -> list[Delta]:
         out = self._plan()
         if not out.scheduled:
+            self._publish_kv_events()  # the plan may have evicted
             return []
         logits = self._execute(out)  # checked (at record time) and run
         sampling, result = self._sample(out, logits)
-        return self._commit(out, sampling, result)
+        deltas = self._commit(out, sampling, result)
+        self._publish_kv_events()
+        return deltas
+
+    # -- KV-cache events --------------------------------------------------------------------
+
+    def attach_kv_events(self, sink: Callable[[list[KVEvent]], object]) -> None:
+        """From now on, each step's prefix-cache changes go to sink (which must not block: it
+        runs on the step thread). The cache is cleared first, so the stream starts from a
+        state its subscribers know: its first event is AllBlocksCleared."""
+        self._kv_sink = sink
+        self.blocks.events = []
+        self.blocks.reset_prefix_cache()
+        self._publish_kv_events()
+
+    def reset_prefix_cache(self) -> int:
+        """Forget every cached block (their sequences keep theirs); how many were named."""
+        named = self.blocks.reset_prefix_cache()
+        self._publish_kv_events()
+        return named
+
+    def _publish_kv_events(self) -> None:
+        events = self.blocks.events
+        if events and self._kv_sink is not None:
+            self._kv_sink(list(events))
+            events.clear()
 
     # The phases of a step, each a method so that a test's engine (faults.py) can wrap one.
 
