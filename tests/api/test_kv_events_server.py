@@ -61,11 +61,8 @@ def test_a_live_server_publishes_the_blocks_it_caches(
         "replay_endpoint": f"ipc://{tmp_path}/replay",
         "topic": "kv@pod@tiny",
     }
-    live = start_server(
-        str(tiny_model_dir),
-        "--block-size", "16",
-        "--kv-events-config", json.dumps(config),  # fmt: skip
-    )
+    args = ["--block-size", "16", "--kv-events-config", json.dumps(config)]
+    live = start_server(str(tiny_model_dir), *args)
     assert "KV-cache events: map events on ipc://" in live.log()
     system = {"role": "system", "content": "You are a helpful assistant. " * 6}
     body = {"messages": [system, {"role": "user", "content": "hi"}], "max_tokens": 3}

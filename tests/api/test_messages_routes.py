@@ -99,9 +99,10 @@ async def test_a_tool_use_round_trip() -> None:
 
 async def test_the_stream_builds_the_same_message() -> None:
     fake = FakeEngine(replies=(f"<think>hm</think>Hi {CALL}",), template_thinks=True)
-    async with messages_client(fake) as (ac, _), ac.messages.stream(
-        model="fake-model", max_tokens=100, messages=HI, tools=TOOLS
-    ) as stream:
+    async with (
+        messages_client(fake) as (ac, _),
+        ac.messages.stream(model="fake-model", max_tokens=100, messages=HI, tools=TOOLS) as stream,
+    ):
         kinds = [e.type async for e in stream]
         final = await stream.get_final_message()
     assert kinds[0] == "message_start" and kinds[-1] == "message_stop"
