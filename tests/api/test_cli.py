@@ -50,9 +50,18 @@ def test_bad_values_are_one_line_and_exit_1(
     ("args", "message"),
     [
         (("--max-batch", "zero"), "argument --max-batch: invalid int value: 'zero'"),
-        (("--kv-budget", "lots"), "argument --kv-budget: invalid parse_bytes value: 'lots'"),
+        (
+            ("--kv-budget", "lots"),
+            "argument --kv-budget: 'lots' is not a size (try 512MiB, 1GB or a number of bytes)",
+        ),
+        (
+            ("--kv-events-config", '{"endpont": 1}'),
+            "argument --kv-events-config: unknown key 'endpont' (known:"
+            " enable_kv_cache_events, publisher, endpoint, replay_endpoint, buffer_steps, hwm,"
+            " max_queue_size, topic, event_format)",
+        ),
     ],
-    ids=["int", "size"],
+    ids=["int", "size", "kv-events"],
 )
 def test_unparsable_flags_are_usage_errors(
     capsys: pytest.CaptureFixture[str], args: tuple[str, ...], message: str

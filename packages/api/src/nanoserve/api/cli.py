@@ -19,6 +19,21 @@ EXIT_FAILED = 1
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "serve":
+            return _serve(args)
+        if args.command == "generate":
+            return _generate(args)
+        return _convert(args)
+    except (NanoserveError, CheckpointError, EmbeddedModelMissing, OSError, ValueError) as error:
+        print(f"nanoserve: {error}", file=sys.stderr)
+        return EXIT_FAILED
+    except KeyboardInterrupt:
+        return 130
+
+
+def build_parser() -> argparse.ArgumentParser:
     from nanoserve.api.settings import add_options
 
     parser = argparse.ArgumentParser(
@@ -60,22 +75,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     convert = commands.add_parser("convert", help="GGUF file to a Hugging Face directory")
     convert.add_argument("gguf")
     convert.add_argument("out_dir")
-
-    args = parser.parse_args(argv)
-    try:
-        if args.command == "serve":
-            return _serve(args)
-        if args.command == "generate":
-            return _generate(args)
-        return _convert(args)
-    except (NanoserveError, CheckpointError, EmbeddedModelMissing, OSError, ValueError) as error:
-        print(f"nanoserve: {error}", file=sys.stderr)
-        return EXIT_FAILED
-    except KeyboardInterrupt:
-        return 130
+    return parser
 
 
-def _settings(args: argparse.Namespace) -> ServerSettings:
+def serve_settings(args: argparse.Namespace) -> ServerSettings:
     from nanoserve.api.settings import ServerSettings, values_from_args
 
     values = values_from_args(args)
@@ -103,7 +106,7 @@ def _serve(args: argparse.Namespace) -> int:
     _GracefulServer = _graceful_server_class()
     from nanoserve.api.state import ServerState
 
-    settings = _settings(args)
+    settings = serve_settings(args)
     _check_model(settings.engine.model)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     failed: list[BaseException] = []
@@ -166,7 +169,7 @@ def _generate(args: argparse.Namespace) -> int:
     from nanoserve.runtime.engine.llm import LLM
     from nanoserve.runtime.engine.sampling_params import SamplingParams
 
-    settings = _settings(args)
+    settings = serve_settings(args)
     _check_model(settings.engine.model)
     # Refuse bad sampling flags before the model loads, not after.
     params = SamplingParams(

@@ -40,7 +40,7 @@ from nanoserve.runtime.engine_config import EngineConfigError
 
 log = logging.getLogger("nanoserve.kv_events")
 END_SEQ = (-1).to_bytes(8, "big", signed=True)  # the replay's end marker
-POLL_SECONDS = 0.005  # the publisher thread's wait for a batch, between replay polls
+POLL_SECONDS = 0.02  # the publisher thread waits this long for a batch, between replay polls
 
 
 class EventBatch(msgspec.Struct, array_like=True, gc=False):

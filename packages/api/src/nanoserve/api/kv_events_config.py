@@ -46,15 +46,13 @@ class KVEventsConfig:
         try:
             given = json.loads(text)
         except json.JSONDecodeError as error:
-            raise EngineConfigError(f"--kv-events-config is not JSON: {error}") from None
+            raise EngineConfigError(f"not JSON: {error}") from None
         if not isinstance(given, dict):
-            raise EngineConfigError("--kv-events-config must be a JSON object")
+            raise EngineConfigError("must be a JSON object")
         known = {f.name: f for f in fields(cls)}
         unknown = sorted(set(given) - set(known))
         if unknown:
-            raise EngineConfigError(
-                f"--kv-events-config: unknown key {unknown[0]!r} (known: {', '.join(known)})"
-            )
+            raise EngineConfigError(f"unknown key {unknown[0]!r} (known: {', '.join(known)})")
         for key, value in given.items():
             _check(key, value)
         config = cls(**given)
@@ -67,7 +65,7 @@ class KVEventsConfig:
 
 def _check(key: str, value: Any) -> None:
     def bad(expected: str) -> EngineConfigError:
-        return EngineConfigError(f"--kv-events-config: {key} must be {expected}, got {value!r}")
+        return EngineConfigError(f"{key} must be {expected}, got {value!r}")
 
     if key == "enable_kv_cache_events" and not isinstance(value, bool):
         raise bad("true or false")

@@ -228,7 +228,22 @@ def add_options(parser: argparse.ArgumentParser, *, skip: tuple[str, ...] = ()) 
                 help=option.help,
             )
         else:
-            parser.add_argument(option.flag, dest=option.dest, type=option.parse, help=option.help)
+            parser.add_argument(
+                option.flag, dest=option.dest, type=_argument(option.parse), help=option.help
+            )
+
+
+def _argument(parse: Callable[[str], object]) -> Callable[[str], object]:
+    """parse, its refusal worded as argparse shows it ("argument --x: <our words>")."""
+
+    def parsed(text: str) -> object:
+        try:
+            return parse(text)
+        except EngineConfigError as error:
+            raise argparse.ArgumentTypeError(str(error)) from None
+
+    parsed.__name__ = getattr(parse, "__name__", "value")
+    return parsed
 
 
 def values_from_args(args: argparse.Namespace) -> dict[str, object]:

@@ -95,14 +95,16 @@ class ServerState:
 
     async def boot(self) -> None:
         try:
+            if self.settings.kv_events.enabled:  # its sockets first: a port in use fails fast
+                self.kv_events = self._open_kv_events()
             engine = await self._in_boot_thread(
                 self._engine_factory, self.settings.engine, self._say, self.cancel
             )
             self.phase = "ready"
             engine.observer = self.metrics.observe
             engine.on_fatal = self._engine_died
-            if self.settings.kv_events.enabled:
-                self.kv_events = self._start_kv_events(engine)
+            if self.kv_events is not None:
+                engine.attach_kv_events(self.kv_events.sink)
             await engine.start()
             self.engine = engine
         except WarmupCancelled as stop:
@@ -114,13 +116,12 @@ class ServerState:
             if self._on_boot_failure is not None:
                 self._on_boot_failure(error)
 
-    def _start_kv_events(self, engine: EngineClient) -> KVEventPublisher:
+    def _open_kv_events(self) -> KVEventPublisher:
         from nanoserve.api.kv_event_publisher import KVEventPublisher  # imports pyzmq
 
         config = self.settings.kv_events
         medium = "GPU" if self.settings.engine.device == "cuda" else "CPU"
         publisher = KVEventPublisher(config, medium=medium)
-        engine.attach_kv_events(publisher.sink)
         replay = f", replay on {config.replay_endpoint}" if config.replay_endpoint else ""
         self._print(
             f"KV-cache events: {config.event_format} events on {config.endpoint}"

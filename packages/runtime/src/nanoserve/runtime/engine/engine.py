@@ -244,14 +244,15 @@ class Engine:
 
     # -- KV-cache events --------------------------------------------------------------------
 
-    def attach_kv_events(self, sink: Callable[[list[KVEvent]], object]) -> None:
+    def attach_kv_events(self, sink: Callable[[list[KVEvent]], object] | None) -> None:
         """From now on, each step's prefix-cache changes go to sink (which must not block: it
-        runs on the step thread). The cache is cleared first, so the stream starts from a
-        state its subscribers know: its first event is AllBlocksCleared."""
+        runs on the step thread); None turns them off. The cache is cleared first, so the
+        stream starts from a state its subscribers know: its first event is AllBlocksCleared."""
         self._kv_sink = sink
-        self.blocks.events = []
-        self.blocks.reset_prefix_cache()
-        self._publish_kv_events()
+        self.blocks.events = None if sink is None else []
+        if sink is not None:
+            self.blocks.reset_prefix_cache()
+            self._publish_kv_events()
 
     def reset_prefix_cache(self) -> int:
         """Forget every cached block (their sequences keep theirs); how many were named."""
