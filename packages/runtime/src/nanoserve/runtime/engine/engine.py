@@ -242,30 +242,6 @@ class Engine:
         self._publish_kv_events()
         return deltas
 
-    # -- KV-cache events --------------------------------------------------------------------
-
-    def attach_kv_events(self, sink: Callable[[list[KVEvent]], object] | None) -> None:
-        """From now on, each step's prefix-cache changes go to sink (which must not block: it
-        runs on the step thread); None turns them off. The cache is cleared first, so the
-        stream starts from a state its subscribers know: its first event is AllBlocksCleared."""
-        self._kv_sink = sink
-        self.blocks.events = None if sink is None else []
-        if sink is not None:
-            self.blocks.reset_prefix_cache()
-            self._publish_kv_events()
-
-    def reset_prefix_cache(self) -> int:
-        """Forget every cached block (their sequences keep theirs); how many were named."""
-        named = self.blocks.reset_prefix_cache()
-        self._publish_kv_events()
-        return named
-
-    def _publish_kv_events(self) -> None:
-        events = self.blocks.events
-        if events and self._kv_sink is not None:
-            self._kv_sink(list(events))
-            events.clear()
-
     # The phases of a step, each a method so that a test's engine (faults.py) can wrap one.
 
     def _plan(self) -> SchedulerOutput:
@@ -322,6 +298,30 @@ class Engine:
         while self.has_unfinished:
             deltas.extend(self.step())
         return deltas
+
+    # -- KV-cache events --------------------------------------------------------------------
+
+    def attach_kv_events(self, sink: Callable[[list[KVEvent]], object] | None) -> None:
+        """From now on, each step's prefix-cache changes go to sink (which must not block: it
+        runs on the step thread); None turns them off. The cache is cleared first, so the
+        stream starts from a state its subscribers know: its first event is AllBlocksCleared."""
+        self._kv_sink = sink
+        self.blocks.events = None if sink is None else []
+        if sink is not None:
+            self.blocks.reset_prefix_cache()
+            self._publish_kv_events()
+
+    def reset_prefix_cache(self) -> int:
+        """Forget every cached block (their sequences keep theirs); how many were named."""
+        named = self.blocks.reset_prefix_cache()
+        self._publish_kv_events()
+        return named
+
+    def _publish_kv_events(self) -> None:
+        events = self.blocks.events
+        if events and self._kv_sink is not None:
+            self._kv_sink(list(events))
+            events.clear()
 
     # -- warm-up ----------------------------------------------------------------------------
 
