@@ -38,6 +38,7 @@ pytestmark = pytest.mark.slow
 CASES = int(os.environ.get("NANOSERVE_FUZZ_CASES", "2000"))
 GET_CASES = 10  # GET routes take no parameters: a few cases say all there is to say
 ROLES = ("system", "user", "assistant")
+ANTHROPIC_ROLES = ("user", "assistant")  # the system prompt is a field of its own
 LEAKS = ("Traceback", "site-packages", 'File "')
 
 
@@ -62,6 +63,7 @@ RANGES = {
     "best_of": (1, 3),
     "max_tokens": (1, 24),
     "max_completion_tokens": (1, 24),
+    "max_output_tokens": (1, 24),
     "logprobs": (0, 5),
     "top_logprobs": (0, 5),
     "temperature": (0, 2),
@@ -74,7 +76,7 @@ RANGES = {
 }
 
 
-def plausible(body: Any, data: st.DataObject) -> Any:
+def plausible(body: Any, data: st.DataObject, *, anthropic: bool = False) -> Any:
     """The served model; real roles; numbers in range; a prompt that is text: past the cheap
     checks, into the engine. What is left random (stop strings, seeds, grammars, tools,
     streaming, the messages' content) is what the engine must survive."""
@@ -94,14 +96,19 @@ def plausible(body: Any, data: st.DataObject) -> Any:
     if "prompt" in body and not (isinstance(body["prompt"], str) and body["prompt"]):
         body["prompt"] = data.draw(st.text(min_size=1, max_size=40))
     if isinstance(body.get("messages"), list):
+        roles = ANTHROPIC_ROLES if anthropic else ROLES
         body["messages"] = [
-            plausible_message(m, data) for m in body["messages"] if isinstance(m, dict)
+            plausible_message(m, data, roles) for m in body["messages"] if isinstance(m, dict)
         ] or [{"role": "user", "content": "hi"}]
+    if anthropic and not isinstance(body.get("max_tokens"), int):
+        body["max_tokens"] = 8  # Anthropic requires it
     return body
 
 
-def plausible_message(message: dict[str, Any], data: st.DataObject) -> dict[str, Any]:
-    role = data.draw(st.sampled_from(ROLES))
+def plausible_message(
+    message: dict[str, Any], data: st.DataObject, roles: tuple[str, ...] = ROLES
+) -> dict[str, Any]:
+    role = data.draw(st.sampled_from(roles))
     message = {**message, "role": role}
     if role != "assistant":
         message.pop("tool_calls", None)
@@ -119,20 +126,42 @@ def send(http: httpx.Client, case: Any) -> httpx.Response:
     )
 
 
-# POST routes that tokenize and render but generate nothing.
+# POST routes without a body: nothing to break, so positive cases only, as a GET.
+BODILESS = {"/reset_prefix_cache"}
+# The last event of a whole stream, for the routes that name their events.
+STREAM_ENDS = {
+    "/v1/responses": ("response.completed", "response.incomplete"),
+    "/v1/messages": ("message_stop",),
+}
+# Generating routes that translate onto the chat path: a smaller share of the cases each.
+TRANSLATED = {"/v1/responses", "/v1/messages"}
+TRANSLATED_CASES = 40
+
+# POST routes that generate nothing.
 GENERATION_FREE_POSTS = {
     "/tokenize",
     "/detokenize",
     "/v1/completions/render",
     "/v1/chat/completions/render",
+    "/v1/messages/count_tokens",
+    "/reset_prefix_cache",
 }
 
 
-def check_answer(response: httpx.Response, leaks: tuple[str, ...], what: str) -> str:
+def check_answer(
+    response: httpx.Response, leaks: tuple[str, ...], what: str, path: str = ""
+) -> str:
     """One answer against the rules above; returns its kind for the tally."""
     status = response.status_code
     assert status < 500, f"{status} for {what}: {response.text[:2000]}"
     kind = response.headers.get("content-type", "")
+    if status >= 400 and path.startswith("/v1/messages"):  # Anthropic's error shape
+        body = response.json()
+        assert set(body) == {"type", "error"} and body["type"] == "error", body
+        assert set(body["error"]) == {"type", "message"} and body["error"]["message"], body
+        for leak in leaks:
+            assert leak not in response.text, f"{leak!r} echoed: {response.text[:2000]}"
+        return str(status)
     if status >= 400:
         assert kind.startswith("application/json"), f"{status} {kind} for {what}"
         body = response.json()
@@ -144,6 +173,11 @@ def check_answer(response: httpx.Response, leaks: tuple[str, ...], what: str) ->
         for leak in leaks:
             assert leak not in response.text, f"{leak!r} echoed: {response.text[:2000]}"
         return str(status)
+    if kind.startswith("text/event-stream") and path in STREAM_ENDS:
+        names = [line[7:] for line in response.text.splitlines() if line.startswith("event: ")]
+        assert names and names[-1] in STREAM_ENDS[path], f"stream not whole for {what}: {names}"
+        assert "error" not in names, f"stream failed for {what}: {response.text[-2000:]}"
+        return "200 stream"
     if kind.startswith("text/event-stream"):
         events = [line[6:] for line in response.text.splitlines() if line.startswith("data: ")]
         assert events and events[-1] == "[DONE]", f"stream not whole for {what}: {events[-3:]}"
@@ -164,11 +198,12 @@ def test_fuzz_every_route(
     operations = [result.ok() for result in schema.get_all_operations()]
     posts = [op for op in operations if op.method.upper() == "POST"]
     generating = {"/v1/completions", "/v1/chat/completions"}
-    assert {op.path for op in posts} == generating | GENERATION_FREE_POSTS
-    # The routes that generate get the budget; those that only tokenize are cheap, and get
-    # as many cases as a GET.
-    cheap = len(operations) - len(generating)
-    per_post = (CASES - 2 * GET_CASES * cheap) // (2 * len(generating))
+    assert {op.path for op in posts} == generating | TRANSLATED | GENERATION_FREE_POSTS
+    # The OpenAI routes get the budget; the translated ones a share; those that generate
+    # nothing are cheap, and get as many cases as a GET.
+    cheap = len(operations) - len(generating) - len(TRANSLATED)
+    left = CASES - 2 * GET_CASES * cheap - 2 * TRANSLATED_CASES * len(TRANSLATED)
+    per_post = left // (2 * len(generating))
     leaks = (*LEAKS, str(tiny_model_dir), str(Path(__file__).resolve().parents[2]))
     tally: Counter[str] = Counter()
     started = time.monotonic()
@@ -186,17 +221,24 @@ def test_fuzz_every_route(
             # Chosen by the case itself, not drawn: a derandomized draw leans to one side.
             repair = zlib.crc32(repr(case.body).encode()) % 4 != 0
             if repair and mode is GenerationMode.POSITIVE:
-                case.body = plausible(case.body, data)
+                case.body = plausible(case.body, data, anthropic=op.path.startswith("/v1/messages"))
             response = send(http, case)
             what = f"{op.method.upper()} {op.path} ({mode.value}):\n{case.as_curl_command()}"
-            tally[f"{op.path} {mode.value} {check_answer(response, leaks, what)}"] += 1
+            answer = check_answer(response, leaks, what, op.path)
+            tally[f"{op.path} {mode.value} {answer}"] += 1
 
         one()
 
     with httpx.Client(base_url=fuzzed.url, timeout=60) as http:
         for op in operations:
-            if op.method.upper() == "POST":
-                cases = GET_CASES if op.path in GENERATION_FREE_POSTS else per_post
+            if op.method.upper() == "POST" and op.path not in BODILESS:
+                cases = (
+                    GET_CASES
+                    if op.path in GENERATION_FREE_POSTS
+                    else TRANSLATED_CASES
+                    if op.path in TRANSLATED
+                    else per_post
+                )
                 fuzz(http, op, GenerationMode.POSITIVE, cases)
                 fuzz(http, op, GenerationMode.NEGATIVE, cases)
             else:
