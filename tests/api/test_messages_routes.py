@@ -60,6 +60,30 @@ async def test_a_text_message() -> None:
     assert message.usage.output_tokens == 6
 
 
+async def test_a_last_assistant_message_is_a_prefill_the_reply_continues() -> None:
+    fake = FakeEngine(replies=('"a": 1}',))
+    async with messages_client(fake) as (ac, _):
+        await ac.messages.create(
+            model="fake-model",
+            max_tokens=10,
+            messages=[*HI, {"role": "assistant", "content": "{"}],
+        )
+    [submitted] = fake.submitted
+    assert "".join(map(chr, submitted.prompt_ids)) == "<user>Hi<assistant>{"
+
+
+async def test_cache_reads_are_not_input_tokens() -> None:
+    fake = FakeEngine(replies=("Hello!",), cached_tokens=8)
+    async with messages_client(fake) as (ac, _):
+        whole = await ac.messages.create(model="fake-model", max_tokens=20, messages=HI)
+        async with ac.messages.stream(model="fake-model", max_tokens=20, messages=HI) as stream:
+            streamed = await stream.get_final_message()
+    prompt = len("<user>Hi<assistant>")
+    for message in (whole, streamed):
+        assert message.usage.cache_read_input_tokens == 8
+        assert message.usage.input_tokens == prompt - 8
+
+
 async def test_stop_sequences_and_max_tokens_are_stop_reasons() -> None:
     fake = FakeEngine(replies=("Hello!",))
     async with messages_client(fake) as (ac, _):

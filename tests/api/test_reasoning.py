@@ -41,6 +41,14 @@ def test_the_prompt_decides_where_it_starts() -> None:
     assert ReasoningPlan.of(True, "<|im_start|>assistant\n<think>\n").starts_inside
     assert not ReasoningPlan.of(True, "assistant\n<think>\n\n</think>\n\n").starts_inside
     assert not ReasoningPlan.of(True, "<|im_start|>assistant\n").starts_inside
+    # a tag in the conversation is text: only the prompt's end opens the reasoning
+    asked = "<|im_start|>user\nWhat does <think> do?<|im_end|>\n<|im_start|>assistant\n"
+    assert ReasoningPlan.of(True, asked).split("It opens.") == (None, "It opens.")
+
+
+def test_a_grammar_turns_it_off() -> None:
+    """JSON or calls from the first token: nothing to split (the calls are in the content)."""
+    assert ReasoningPlan.of(True, "assistant\n<think>\n", constrained=True) is OFF
 
 
 TEXTS = st.sampled_from(

@@ -71,6 +71,21 @@ async def test_items_instructions_and_a_tool_round_trip_are_one_conversation() -
     assert [m["role"] for m in chat] == ["system", "user", "assistant", "user"]
     assert chat[0]["content"].startswith("Be brief.\n\nYou can call functions")
     assert chat[2]["content"] == '<tool_call>{"name": "get_weather", "arguments": {}}</tool_call>'
+
+
+async def test_an_assistant_message_and_its_calls_are_one_turn() -> None:
+    fake = FakeEngine(replies=("ok",), max_model_len=4096)
+    items: Any = [
+        {"role": "user", "content": "Weather?"},
+        {"role": "assistant", "content": "Let me look."},
+        {"type": "function_call", "call_id": "c1", "name": "get_weather", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "c1", "output": "sun"},
+    ]
+    async with responses_client(fake) as (oc, _):
+        await oc.responses.create(model="fake-model", input=items, tools=TOOLS, max_output_tokens=5)
+    [chat] = fake.chats
+    assert [m["role"] for m in chat] == ["system", "user", "assistant", "user"]
+    assert chat[2]["content"].startswith("Let me look.\n<tool_call>")
     assert chat[3]["content"] == "<tool_response>\nsun\n</tool_response>"
 
 

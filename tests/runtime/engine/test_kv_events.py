@@ -96,8 +96,11 @@ def test_the_queue_never_blocks_and_counts_what_it_drops() -> None:
     assert queue.offer([AllBlocksCleared()]) and queue.offer([AllBlocksCleared()])
     assert not queue.offer([BlockRemoved((1,)), BlockRemoved((2,))])
     assert (queue.offered_batches, queue.dropped_batches, queue.dropped_events) == (2, 1, 2)
-    batch = queue.get(0.0)
-    assert batch is not None and batch.events == (AllBlocksCleared(),)
+    first = queue.get(0.0)
+    assert first is not None and first.events == (AllBlocksCleared(),)
+    assert queue.offer([BlockRemoved((3,))])
+    # numbered when offered: the dropped batch (2) is a gap a subscriber can see
+    assert [first.seq] + [b.seq for b in (queue.get(0.0), queue.get(0.0)) if b] == [0, 1, 3]
 
 
 # -- on the tiny engine --------------------------------------------------------------------------

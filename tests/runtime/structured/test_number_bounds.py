@@ -43,6 +43,26 @@ def test_stated_bounds_are_kept_and_only_the_open_side_closed() -> None:
     assert bounded_schema({"type": "number", "multipleOf": 0.5, "maximum": 1})["multipleOf"] == 0.5
 
 
+def test_named_values_negations_and_conditions_are_left_alone() -> None:
+    """A bound added there would change what the schema means: an enum past 2**53 would be
+    unsatisfiable, a bounded `not` would admit the integers past the bound."""
+    for schema in (
+        {"type": "integer", "enum": [10**17, 1]},
+        {"type": "integer", "const": 10**17},
+        {"not": {"type": "integer"}},
+        {"if": {"type": "integer"}, "then": {"type": "integer"}},
+    ):
+        out = bounded_schema(schema)
+        assert out.get("not", out.get("if")) == schema.get("not", schema.get("if"))
+        if "enum" in schema or "const" in schema:
+            assert out == schema
+    assert (
+        bounded_schema({"if": {}, "then": {"type": "integer"}})["then"]["maximum"] == SAFE_INTEGER
+    )
+    # draft 4: a boolean exclusiveMinimum qualifies `minimum`; it is not a bound of its own
+    assert bounded_schema({"type": "integer", "exclusiveMinimum": True})["minimum"] == -SAFE_INTEGER
+
+
 def test_nested_schemas_are_bounded_and_the_input_is_not_changed() -> None:
     schema: dict[str, Any] = {
         "type": "object",

@@ -72,8 +72,8 @@ def _template_vars(request: ChatRequest) -> dict[str, object]:
 def _open_final_message(text: str, final: str) -> str:
     """The rendered text cut after the last message's content, so the reply continues it (what
     the template closes the message with, an end-of-turn token, is dropped)."""
-    final = final.rstrip()
-    at = text.rfind(final) if final else -1
+    final = final.strip()  # as transformers: a template may trim the content
+    at = text.rfind(final)
     if at < 0:
         raise APIError(
             400,

@@ -127,7 +127,6 @@ class KVEventPublisher:
         self._topic = config.topic.encode()
         self._arrays = config.event_format == "array"
         self._buffer: deque[tuple[int, bytes]] = deque(maxlen=config.buffer_steps)
-        self._next_seq = 0
         self._lock = threading.Lock()
         self.published_batches = 0
         self.published_events = 0
@@ -169,8 +168,7 @@ class KVEventPublisher:
         import zmq
 
         payload = encode_batch(batch, self.medium, arrays=self._arrays)
-        seq = self._next_seq
-        self._next_seq += 1
+        seq = batch.seq
         with contextlib.suppress(zmq.Again):  # PUB drops rather than blocks; so do we
             self._pub.send_multipart((self._topic, seq.to_bytes(8, "big"), payload), zmq.NOBLOCK)
         self._buffer.append((seq, payload))

@@ -78,10 +78,12 @@ def stop_reason(end: End) -> tuple[str, str | None]:
 
 
 def usage(end: End | None, prompt_tokens: int) -> dict[str, int]:
+    """Anthropic's: input_tokens are those not read from the (prefix) cache."""
+    cached = end.cached_tokens if end else 0
     return {
-        "input_tokens": prompt_tokens,
+        "input_tokens": prompt_tokens - cached,
         "output_tokens": end.completion_tokens if end else 0,
-        "cache_read_input_tokens": end.cached_tokens if end else 0,
+        "cache_read_input_tokens": cached,
         "cache_creation_input_tokens": 0,
     }
 
@@ -118,9 +120,9 @@ async def message_events(
     message_id: str, model: str, inputs: ChatInputs, merged: MergedStream
 ) -> AsyncIterator[dict[str, str]]:
     prompt = len(inputs.prompt_ids)
-    yield event("message_start", message=message(message_id, model, [], None, prompt))
     index, open_kind = -1, None
-    try:
+    try:  # from the first event: a client gone at any yield closes the request
+        yield event("message_start", message=message(message_id, model, [], None, prompt))
         async for piece in answer_pieces(inputs, merged):
             if isinstance(piece, End):
                 if open_kind is not None:
@@ -129,7 +131,7 @@ async def message_events(
                 yield event(
                     "message_delta",
                     delta={"stop_reason": reason, "stop_sequence": sequence},
-                    usage={"output_tokens": piece.completion_tokens},
+                    usage=usage(piece, prompt),
                 )
                 yield event("message_stop")
                 return
@@ -193,7 +195,7 @@ class MessagesController(Controller):
             return ServerSentEvent(message_events(message_id, engine.name, inputs, merged))
         answer = whole_answer(inputs, await merged.drain(request))
         content: list[Block] = []
-        if answer.reasoning is not None:
+        if answer.reasoning:  # as streamed: no block for an empty thought
             content.append({"type": "thinking", "thinking": answer.reasoning, "signature": ""})
         if answer.text:
             content.append({"type": "text", "text": answer.text})

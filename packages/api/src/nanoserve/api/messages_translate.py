@@ -3,7 +3,8 @@
 `system` (text or text blocks) is the system message; a message's content is text or blocks:
 `text`; an assistant's `tool_use` (an earlier call, its `input` an object); a user's
 `tool_result` (`tool_use_id`, its content text or text blocks), which becomes a tool message;
-`thinking` blocks are dropped (a chat template does not take them back). Tools are
+`thinking` blocks are dropped (a chat template does not take them back). A last assistant
+message of text is a prefill: the reply continues it (`continue_final_message`). Tools are
 `{"name", "description", "input_schema"}`; `tool_choice` `auto`/`any`/`tool`/`none` is the chat
 route's `auto`/`required`/a named function/`none`; `thinking: {"type": "disabled"}` turns a
 thinking template's reasoning off (`enable_thinking: false`).
@@ -55,6 +56,9 @@ def chat_request(request: MessagesRequest, *, counting: bool = False) -> ChatReq
         messages += _messages(i, message)
     choice, parallel = _tool_choice(request.tool_choice)
     thinking = (request.thinking or {}).get("type")
+    # Anthropic's prefill: a last assistant message of text is the start of the reply
+    last = messages[-1]
+    prefill = last.role == "assistant" and not last.tool_calls and bool(last.content)
     return ChatRequest(
         model=request.model,
         messages=messages,
@@ -68,6 +72,8 @@ def chat_request(request: MessagesRequest, *, counting: bool = False) -> ChatReq
         tool_choice=choice,
         parallel_tool_calls=parallel,
         chat_template_kwargs={"enable_thinking": thinking == "enabled"} if thinking else None,
+        add_generation_prompt=not prefill,
+        continue_final_message=prefill,
     )
 
 

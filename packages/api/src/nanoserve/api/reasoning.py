@@ -24,10 +24,16 @@ class ReasoningPlan:
     starts_inside: bool = False  # the prompt ends inside an open <think>
 
     @classmethod
-    def of(cls, template_thinks: bool, prompt_text: str) -> ReasoningPlan:
-        if not template_thinks:
+    def of(
+        cls, template_thinks: bool, prompt_text: str, *, constrained: bool = False
+    ) -> ReasoningPlan:
+        """Off where the template has no tags, and where a grammar constrains the answer (it
+        is JSON or calls from the first token: there is no thinking to split). Inside when
+        the prompt itself ends with an open <think> (a tag elsewhere in it, a user's
+        question about tags, says nothing)."""
+        if not template_thinks or constrained:
             return OFF
-        return cls(True, prompt_text.rfind(OPEN) > prompt_text.rfind(CLOSE))
+        return cls(True, prompt_text.rstrip().endswith(OPEN))
 
     def splitter(self) -> ReasoningSplitter:
         return ReasoningSplitter(self.starts_inside)

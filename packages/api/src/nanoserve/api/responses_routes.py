@@ -125,7 +125,7 @@ def call_item(item_id: str, call: ToolCall, arguments: str, status: str = "compl
 
 def output_items(answer: WholeAnswer) -> list[Item]:
     items = []
-    if answer.reasoning is not None:
+    if answer.reasoning:  # as streamed: no item for an empty thought
         items.append(reasoning_item(_id("rs"), answer.reasoning))
     if answer.text:
         items.append(message_item(_id("msg"), answer.text))
@@ -225,9 +225,9 @@ async def response_events(
     head: ResponseHead, inputs: ChatInputs, merged: MergedStream
 ) -> AsyncIterator[dict[str, str]]:
     events = ResponseEvents(head)
-    yield events.event("response.created", response=head.snapshot("in_progress", []))
-    yield events.event("response.in_progress", response=head.snapshot("in_progress", []))
-    try:
+    try:  # from the first event: a client gone at any yield closes the request
+        yield events.event("response.created", response=head.snapshot("in_progress", []))
+        yield events.event("response.in_progress", response=head.snapshot("in_progress", []))
         async for piece in answer_pieces(inputs, merged):
             if isinstance(piece, End):
                 for event in events.close():

@@ -108,8 +108,8 @@ def input_messages(given: str | list[dict[str, Any]]) -> list[ChatMessage]:
                 ),
             )
             last = messages[-1] if messages else None
-            if last is not None and last.role == "assistant" and last.tool_calls is not None:
-                last.tool_calls.append(call)  # calls made together are one assistant turn
+            if last is not None and last.role == "assistant":  # one turn: its text, its calls
+                last.tool_calls = [*(last.tool_calls or []), call]
             else:
                 messages.append(ChatMessage(role="assistant", content=None, tool_calls=[call]))
         elif kind == "function_call_output":

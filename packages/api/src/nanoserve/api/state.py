@@ -120,7 +120,8 @@ class ServerState:
         from nanoserve.api.kv_event_publisher import KVEventPublisher  # imports pyzmq
 
         config = self.settings.kv_events
-        medium = "GPU" if self.settings.engine.device == "cuda" else "CPU"
+        device = self.settings.engine.device or "cpu"
+        medium = "GPU" if device.split(":")[0] == "cuda" else "CPU"
         publisher = KVEventPublisher(config, medium=medium)
         replay = f", replay on {config.replay_endpoint}" if config.replay_endpoint else ""
         self._print(

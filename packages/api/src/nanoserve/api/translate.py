@@ -150,7 +150,9 @@ def translate_chat(request: ChatRequest, engine: EngineClient) -> ChatInputs:
         params=params,
         include_usage=_include_usage(request),
         tools=tools,
-        reasoning=ReasoningPlan.of(engine.template_thinks, prompt.text),
+        reasoning=ReasoningPlan.of(
+            engine.template_thinks, prompt.text, constrained=params.grammar is not None
+        ),
     )
 
 

@@ -314,6 +314,8 @@ class Engine:
     def reset_prefix_cache(self) -> int:
         """Forget every cached block (their sequences keep theirs); how many were named."""
         named = self.blocks.reset_prefix_cache()
+        for seq in self.scheduler.running:  # their blocks are named again, from the root, so
+            seq.block_hashes.clear()  # no event after the reset names a parent it cleared
         self._publish_kv_events()
         return named
 

@@ -59,22 +59,27 @@ KVEvent = BlockStored | BlockRemoved | AllBlocksCleared
 
 @dataclass(frozen=True, slots=True)
 class KVEventBatch:
+    seq: int  # numbered when offered, so a dropped batch is a gap subscribers can see
     ts: float  # wall-clock seconds, when the step that made them ended
     events: tuple[KVEvent, ...]
 
 
 class KVEventQueue:
-    """The step thread's sink: `offer` never blocks; past `max_size` batches it drops."""
+    """The step thread's sink: `offer` never blocks; past `max_size` batches it drops. Each
+    batch takes the next sequence number when offered, dropped or not: a subscriber that sees
+    a gap knows its copy of the cache is stale (and resyncs, as after AllBlocksCleared)."""
 
     def __init__(self, max_size: int) -> None:
         self._queue: queue.Queue[KVEventBatch] = queue.Queue(maxsize=max_size)
         self._lock = threading.Lock()
+        self.next_seq = 0  # offer runs on the step thread alone
         self.offered_batches = 0
         self.dropped_batches = 0
         self.dropped_events = 0
 
     def offer(self, events: Sequence[KVEvent]) -> bool:
-        batch = KVEventBatch(time.time(), tuple(events))
+        batch = KVEventBatch(self.next_seq, time.time(), tuple(events))
+        self.next_seq += 1
         try:
             self._queue.put_nowait(batch)
         except queue.Full:

@@ -21,14 +21,13 @@ SAFE_INTEGER = 2**53 - 1  # RFC 7493 §2.2: the integers every IEEE double holds
 FRACTION_DIGITS = 10
 FRACTION_STEP = 1e-10  # as multipleOf: at most FRACTION_DIGITS digits after the point
 
-# Keywords whose value is one subschema, a list of them, or a name -> subschema map.
+# Keywords whose value is one subschema, a list of them, or a name -> subschema map. Not
+# `not` and `if`: a bound inside a negation or a condition would widen what the schema allows.
 _ONE = (
     "additionalProperties",
     "additionalItems",
     "items",
     "contains",
-    "not",
-    "if",
     "then",
     "else",
     "propertyNames",
@@ -56,14 +55,20 @@ def bounded_schema(schema: Any) -> Any:
         if isinstance(out.get(key), dict):
             out[key] = {name: bounded_schema(s) for name, s in out[key].items()}
     types = _types(out)
-    if "integer" in types or "number" in types:
-        if "minimum" not in out and "exclusiveMinimum" not in out:
+    listed = "enum" in out or "const" in out  # the values are named: nothing runs on
+    if ("integer" in types or "number" in types) and not listed:
+        if "minimum" not in out and not _numeric(out.get("exclusiveMinimum")):
             out["minimum"] = -SAFE_INTEGER
-        if "maximum" not in out and "exclusiveMaximum" not in out:
+        if "maximum" not in out and not _numeric(out.get("exclusiveMaximum")):
             out["maximum"] = SAFE_INTEGER
         if "number" in types and "multipleOf" not in out:
             out["multipleOf"] = FRACTION_STEP
     return out
+
+
+def _numeric(value: Any) -> bool:
+    """A draft-6+ exclusive bound (a number); draft 4's `true` only qualifies `minimum`."""
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 def _types(schema: dict[str, Any]) -> set[str]:
