@@ -210,6 +210,8 @@ class AsyncEngine:
 
     async def reset_prefix_cache(self) -> int:
         """Forget every cached block, on the step thread between two steps."""
+        if self._closing or self.dead is not None:
+            raise EngineClosedError("the engine is shutting down")
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._step_thread, self.engine.reset_prefix_cache)
 
