@@ -25,8 +25,8 @@ from nanoserve.api.engine_client import EngineClient
 from nanoserve.core import KVPoolPlan
 from nanoserve.runtime.decode.recordings import RecordingStats
 from nanoserve.runtime.decode.warmup import WarmupReport
-from nanoserve.runtime.engine.async_engine import RequestTimes
 from nanoserve.runtime.engine.engine_status import EngineStatus, PrefixCacheCounts
+from nanoserve.runtime.engine.request_times import RequestTimes
 from nanoserve.runtime.engine.sampling_params import SamplingParams
 from nanoserve.runtime.engine.scheduler import QueueFullError
 from nanoserve.runtime.engine.sequence import Delta

@@ -12,10 +12,11 @@ import threading
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any, Protocol
 
-from nanoserve.runtime.engine.async_engine import AsyncEngine, RequestTimes
+from nanoserve.runtime.engine.async_engine import AsyncEngine
 from nanoserve.runtime.engine.build import build_engine
 from nanoserve.runtime.engine.engine_status import EngineStatus
 from nanoserve.runtime.engine.kv_events import KVEvent
+from nanoserve.runtime.engine.request_times import RequestTimes
 from nanoserve.runtime.engine.sampling_params import SamplingParams
 from nanoserve.runtime.engine.sequence import Delta
 from nanoserve.runtime.engine_config import EngineConfig

@@ -18,7 +18,7 @@ from prometheus_client.registry import Collector
 from nanoserve.api.engine_client import EngineClient
 from nanoserve.api.kv_event_publisher import KVEventPublisher
 from nanoserve.runtime import RecordingStats
-from nanoserve.runtime.engine.async_engine import RequestTimes
+from nanoserve.runtime.engine.request_times import RequestTimes
 
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 TOKEN_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)

@@ -14,19 +14,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import logging
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from nanoserve.core.errors import NanoserveError
 from nanoserve.runtime.engine.engine import Engine, RequestError
 from nanoserve.runtime.engine.engine_status import EngineStatus
 from nanoserve.runtime.engine.kv_events import KVEvent
+from nanoserve.runtime.engine.request_times import RequestTimes
 from nanoserve.runtime.engine.sampling_params import SamplingParams
 from nanoserve.runtime.engine.scheduler import QueueFullError
 from nanoserve.runtime.engine.sequence import Delta
@@ -74,27 +74,6 @@ class StepResult(NamedTuple):
 
     deltas: list[Delta]
     refused: list[tuple[str, Exception]]  # (request id, why): add_request failed on the thread
-
-
-@dataclass(slots=True)
-class RequestTimes:
-    """What one request's stream measured, handed to the metrics observer at its end."""
-
-    arrival: float
-    first_token: float | None = None
-    token_times: list[float] = field(default_factory=list)  # every sample's, merged
-    sample_times: dict[int, list[float]] = field(default_factory=dict)  # per sample index
-    finish_reasons: list[str] = field(default_factory=list)
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-
-    @property
-    def ttft(self) -> float | None:
-        return None if self.first_token is None else self.first_token - self.arrival
-
-    def inter_token(self) -> list[float]:
-        """Gaps between consecutive tokens of the same sample (n samples do not interleave)."""
-        return [b - a for times in self.sample_times.values() for a, b in itertools.pairwise(times)]
 
 
 class RequestStream:
