@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
+from nanoserve.api.engine_client import EngineClient
 from nanoserve.api.merged_stream import MergedStream
 from nanoserve.api.response_builders import Choice, assistant_message
 from nanoserve.api.schemas import FunctionCall, ToolCall
@@ -43,6 +44,18 @@ class WholeAnswer:
     text: str | None
     calls: list[ToolCall]
     end: End
+
+
+async def submit_chat(
+    engine: EngineClient, request_id: str, inputs: ChatInputs, timeout: float | None
+) -> MergedStream:
+    """Compile its grammar (off the event loop), then submit the request: every refusal comes
+    before the first byte of an answer."""
+    if inputs.params.grammar is not None:
+        await engine.compile_grammar(inputs.params.grammar)
+    return await MergedStream.submit(
+        engine, [(request_id, inputs.prompt_ids)], inputs.params, timeout=timeout
+    )
 
 
 async def answer_pieces(inputs: ChatInputs, merged: MergedStream) -> AsyncIterator[Piece | End]:

@@ -49,50 +49,40 @@ class EventBatch(msgspec.Struct, array_like=True, gc=False):
     data_parallel_rank: int | None = 0
 
 
-# vLLM's current format: maps keyed by "type"; fields without a default are always sent.
-class StoredMap(msgspec.Struct, tag_field="type", tag="BlockStored", gc=False):
-    block_hashes: list[int]
-    parent_block_hash: int | None
-    token_ids: list[int]
-    block_size: int
-    lora_id: int | None
-    medium: str | None
-    lora_name: str | None
+# The events' fields, in vLLM's order. Fields without a default are always sent, null or not.
+_STORED = [
+    ("block_hashes", list[int]),
+    ("parent_block_hash", int | None),
+    ("token_ids", list[int]),
+    ("block_size", int),
+    ("lora_id", int | None),
+    ("medium", str | None),
+    ("lora_name", str | None),
+]
+_REMOVED = [("block_hashes", list[int]), ("medium", str | None)]
 
 
-class RemovedMap(msgspec.Struct, tag_field="type", tag="BlockRemoved", gc=False):
-    block_hashes: list[int]
-    medium: str | None
+def _event_types(arrays: bool) -> tuple[type, type, type]:
+    """vLLM's current format: maps keyed by "type"; its older one: positional arrays, the tag
+    first. The same fields either way."""
+    form: dict[str, Any] = {"array_like": True} if arrays else {"tag_field": "type"}
+    return tuple(  # type: ignore[return-value]
+        msgspec.defstruct(name, fields, tag=name, gc=False, **form)
+        for name, fields in (
+            ("BlockStored", _STORED),
+            ("BlockRemoved", _REMOVED),
+            ("AllBlocksCleared", []),
+        )
+    )
 
 
-class ClearedMap(msgspec.Struct, tag_field="type", tag="AllBlocksCleared", gc=False):
-    pass
-
-
-# vLLM's older format: the same fields as positional arrays, the tag first.
-class StoredArray(msgspec.Struct, array_like=True, tag="BlockStored", gc=False):
-    block_hashes: list[int]
-    parent_block_hash: int | None
-    token_ids: list[int]
-    block_size: int
-    lora_id: int | None
-    medium: str | None
-    lora_name: str | None
-
-
-class RemovedArray(msgspec.Struct, array_like=True, tag="BlockRemoved", gc=False):
-    block_hashes: list[int]
-    medium: str | None
-
-
-class ClearedArray(msgspec.Struct, array_like=True, tag="AllBlocksCleared", gc=False):
-    pass
+MAP_EVENTS, ARRAY_EVENTS = _event_types(False), _event_types(True)
 
 
 def wire_event(event: KVEvent, medium: str, *, arrays: bool = False) -> msgspec.Struct:
     """One engine event in vLLM's shape (no LoRA: lora_id and lora_name are null)."""
+    stored, removed, cleared = ARRAY_EVENTS if arrays else MAP_EVENTS
     if isinstance(event, BlockStored):
-        stored = StoredArray if arrays else StoredMap
         return stored(
             list(event.block_hashes),
             event.parent_block_hash,
@@ -103,9 +93,9 @@ def wire_event(event: KVEvent, medium: str, *, arrays: bool = False) -> msgspec.
             None,
         )
     if isinstance(event, BlockRemoved):
-        return (RemovedArray if arrays else RemovedMap)(list(event.block_hashes), medium)
+        return removed(list(event.block_hashes), medium)
     assert isinstance(event, AllBlocksCleared)
-    return ClearedArray() if arrays else ClearedMap()
+    return cleared()
 
 
 def encode_batch(batch: KVEventBatch, medium: str, *, arrays: bool = False) -> bytes:

@@ -22,7 +22,7 @@ from litestar.di import NamedDependency
 from litestar.params import JSONBody
 from litestar.response import ServerSentEvent
 
-from nanoserve.api.answer_pieces import End, Piece, answer_pieces, whole_answer
+from nanoserve.api.answer_pieces import End, Piece, answer_pieces, submit_chat, whole_answer
 from nanoserve.api.chat_prompt import render_chat_prompt
 from nanoserve.api.errors import EXCEPTION_HANDLERS, APIError, error_body
 from nanoserve.api.merged_stream import MergedStream
@@ -184,13 +184,8 @@ class MessagesController(Controller):
     ) -> Response:
         engine = server.require_engine()
         inputs = translate_chat(chat_request(data), engine)
-        if inputs.params.grammar is not None:
-            await engine.compile_grammar(inputs.params.grammar)
         message_id = f"msg_{uuid.uuid4().hex}"
-        timeout = server.settings.request_timeout
-        merged = await MergedStream.submit(
-            engine, [(message_id, inputs.prompt_ids)], inputs.params, timeout=timeout
-        )
+        merged = await submit_chat(engine, message_id, inputs, server.settings.request_timeout)
         if data.stream:
             return ServerSentEvent(message_events(message_id, engine.name, inputs, merged))
         answer = whole_answer(inputs, await merged.drain(request))

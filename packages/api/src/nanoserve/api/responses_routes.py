@@ -22,7 +22,14 @@ from litestar.di import NamedDependency
 from litestar.params import JSONBody
 from litestar.response import ServerSentEvent
 
-from nanoserve.api.answer_pieces import End, Piece, WholeAnswer, answer_pieces, whole_answer
+from nanoserve.api.answer_pieces import (
+    End,
+    Piece,
+    WholeAnswer,
+    answer_pieces,
+    submit_chat,
+    whole_answer,
+)
 from nanoserve.api.errors import APIError, error_body
 from nanoserve.api.merged_stream import MergedStream
 from nanoserve.api.openai_routes import admit
@@ -261,13 +268,8 @@ class ResponsesController(Controller):
         inputs = translate_chat(chat_request(data), engine)
         if inputs.params.n != 1:
             raise APIError(400, "the Responses API answers one sample", param="n")
-        if inputs.params.grammar is not None:
-            await engine.compile_grammar(inputs.params.grammar)
         head = ResponseHead(data, engine.name)
-        timeout = server.settings.request_timeout
-        merged = await MergedStream.submit(
-            engine, [(head.id, inputs.prompt_ids)], inputs.params, timeout=timeout
-        )
+        merged = await submit_chat(engine, head.id, inputs, server.settings.request_timeout)
         if data.stream:
             return ServerSentEvent(response_events(head, inputs, merged))
         answer = whole_answer(inputs, await merged.drain(request))
