@@ -38,6 +38,7 @@ async def test_the_config_starts_the_publisher_and_metrics_count_it(tmp_path: Pa
         reset = await client.post("/reset_prefix_cache")
     assert "nanoserve:kv_events_published_total 1.0" in text  # one event (of two blocks)
     assert "nanoserve:kv_events_batches_dropped_total 0.0" in text
+    assert "nanoserve:kv_events_publisher_up 1.0" in text
     assert reset.status_code == 200 and reset.json() == {"cleared_blocks": 0}
     assert fake.resets == 1
 

@@ -180,6 +180,11 @@ class KVEventPublisher:
                     )
             replay.send_multipart((identity, b"", b"", END_SEQ, b""))
 
+    @property
+    def alive(self) -> bool:
+        """False once the publisher thread has stopped (closed, or failed: see the log)."""
+        return self._thread.is_alive()
+
     def counts(self) -> tuple[int, int, int, int]:
         """(batches published, events published, batches dropped, events dropped)."""
         with self._lock:

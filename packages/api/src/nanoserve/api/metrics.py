@@ -162,6 +162,11 @@ class _KVEventsCollector(Collector):
         yield _gauge(
             "kv_events_queue_depth", "Batches waiting for the publisher.", publisher.queue.qsize()
         )
+        yield _gauge(
+            "kv_events_publisher_up",
+            "1 while the publisher thread runs; 0 once it has failed (its batches then drop).",
+            float(publisher.alive),
+        )
 
 
 class ServerMetrics:

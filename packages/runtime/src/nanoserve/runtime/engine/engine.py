@@ -19,7 +19,6 @@ from typing import Any
 import torch
 
 from nanoserve.core import BlockTable, plan_kv_pool
-from nanoserve.core.errors import NanoserveError
 from nanoserve.runtime.decode.recordings import Backend
 from nanoserve.runtime.decode.warmup import (
     Clock,
@@ -33,6 +32,7 @@ from nanoserve.runtime.engine.block_manager import BlockManager, PrefixCacheStat
 from nanoserve.runtime.engine.engine_status import EngineStatus, snapshot
 from nanoserve.runtime.engine.kv_events import KVEvent
 from nanoserve.runtime.engine.prefill_timing import resolve_prefill_budget
+from nanoserve.runtime.engine.request_check import RequestError, check_request
 from nanoserve.runtime.engine.runner import ModelRunner
 from nanoserve.runtime.engine.sampler import SampleResult, SampleRow, sample
 from nanoserve.runtime.engine.sampling_params import SamplingParams
@@ -49,14 +49,6 @@ from nanoserve.runtime.text.chat_template import ChatTemplate
 from nanoserve.runtime.text.tokenizer import IncrementalDetokenizer, Tokenizer
 
 log = logging.getLogger("nanoserve.engine")
-
-
-class RequestError(NanoserveError, ValueError):
-    """A request the engine cannot serve as asked; `field` names the offending input."""
-
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(message)
-        self.field = field
 
 
 class Engine:
@@ -172,28 +164,13 @@ class Engine:
         self.prompt_tokens += len(prompt_ids)
 
     def check_request(self, prompt_ids: Seq[int], params: SamplingParams) -> None:
-        max_len = self.config.max_model_len
-        vocab = self.model.config.vocab_size
-        if not prompt_ids:
-            raise RequestError("prompt", "the prompt is empty")
-        if any(
-            not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < vocab for t in prompt_ids
-        ):
-            raise RequestError("prompt", f"prompt token ids must be in [0, {vocab})")
-        if len(prompt_ids) + params.max_tokens > max_len:
-            raise RequestError(
-                "max_tokens",
-                f"the prompt ({len(prompt_ids)} tokens) plus max_tokens ({params.max_tokens})"
-                f" exceeds max_model_len ({max_len})",
-            )
-        capacity = self.pool_plan.num_slots
-        if len(prompt_ids) + params.max_tokens > capacity:
-            raise RequestError(
-                "max_tokens",
-                f"the prompt plus max_tokens ({len(prompt_ids) + params.max_tokens} tokens)"
-                f" exceeds the K/V pool's {capacity} slots",
-            )
-        params.check_vocab(vocab)
+        check_request(
+            prompt_ids,
+            params,
+            vocab=self.model.config.vocab_size,
+            max_model_len=self.config.max_model_len,
+            pool_slots=self.pool_plan.num_slots,
+        )
         if params.grammar is not None:
             self.grammars.compile(params.grammar)  # a bad grammar is refused here, cached else
 
