@@ -236,7 +236,7 @@ class Engine:
         scheduled = zip(self.scheduler.seqs_of(out), out.scheduled, strict=True)
         sampling = [seq for seq, item in scheduled if item.samples]
         mask = self._step_mask(sampling)
-        rows = [_sample_row(s) for s in sampling]
+        rows = [SampleRow(s.params, s.prompt_ids, s.output_ids, s.generator) for s in sampling]
         result = sample(logits, rows, self.generator, mask)
         self.num_steps += 1
         return sampling, result
@@ -285,14 +285,14 @@ class Engine:
         self._kv_sink = sink
         self.blocks.events = None if sink is None else []
         if sink is not None:
-            self.blocks.reset_prefix_cache()
-            self._publish_kv_events()
+            self.reset_prefix_cache()
 
     def reset_prefix_cache(self) -> int:
-        """Forget every cached block (their sequences keep theirs); how many were named."""
+        """Forget every cached block; how many were named. Running sequences keep their blocks
+        and name them again from the root, so no later event names a parent it cleared."""
         named = self.blocks.reset_prefix_cache()
-        for seq in self.scheduler.running:  # their blocks are named again, from the root, so
-            seq.block_hashes.clear()  # no event after the reset names a parent it cleared
+        for seq in self.scheduler.running:
+            seq.block_hashes.clear()
         self._publish_kv_events()
         return named
 
@@ -393,10 +393,6 @@ class Engine:
 
     def status(self) -> EngineStatus:
         return snapshot(self)
-
-
-def _sample_row(seq: Sequence) -> SampleRow:
-    return SampleRow(seq.params, seq.prompt_ids, seq.output_ids, seq.generator)
 
 
 __all__ = ["Engine", "RequestError", "Status"]
