@@ -89,6 +89,7 @@ async def test_health_when_ready() -> None:
         "kv_pool": {**KV_POOL, "blocks_in_use": 3},
         "warm": None,
         "capture": None,
+        "speculation": None,
     }
 
 

@@ -15,8 +15,10 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from nanoserve.core.draft_budget import DraftCost
 from nanoserve.runtime.decode.recordings import RecordingStats
 from nanoserve.runtime.engine.engine_status import PrefixCacheCounts
+from nanoserve.runtime.engine.speculator import SpecCounts
 from tests.api.fake_engine import FakeEngine
 from tests.api.fake_server import fake_server
 
@@ -47,6 +49,13 @@ ZERO_GRAPHS = {
     "nanoserve:graph_needed_bytes": 0.0,
     "nanoserve:graph_pool_bytes": 0.0,
     "nanoserve:graph_pool_sharing_ratio": 0.0,
+}
+ZERO_SPEC = {  # speculation off: its series are there, at zero
+    "nanoserve:spec_decode_num_drafts_total": 0.0,
+    "nanoserve:spec_decode_num_draft_tokens_total": 0.0,
+    "nanoserve:spec_decode_num_accepted_tokens_total": 0.0,
+    "nanoserve:spec_decode_acceptance_rate": 0.0,
+    "nanoserve:spec_decode_verify_steps_total": 0.0,
 }
 
 
@@ -102,7 +111,38 @@ async def test_metric_values_are_the_engine_status() -> None:
         'nanoserve:request_success_total{finished_reason="length"}': 2.0,
         'nanoserve:request_success_total{finished_reason="abort"}': 0.0,
         **ZERO_GRAPHS,  # eager: no recordings, the series still there
+        **ZERO_SPEC,
     }
+
+
+@pytest.mark.anyio
+async def test_speculation_metrics_are_the_speculators_counters() -> None:
+    counts = SpecCounts(
+        method="ngram",
+        num_speculative_tokens=3,
+        cost=DraftCost(base_s=0.02, per_row_s=0.001, switch_s=0.0005, per_draft_s=0.002),
+        per_draft_s=0.003,
+        drafts=10,
+        draft_tokens=24,
+        accepted_tokens=18,
+        accepted_per_position=(9, 6, 3),
+        verify_steps=8,
+    )
+    async with fake_server(FakeEngine(status_fields={"speculation": counts})) as (client, _):
+        series = engine_series((await client.get("/metrics")).text)
+        health = (await client.get("/health")).json()
+    assert {k: series[k] for k in ZERO_SPEC} == {
+        "nanoserve:spec_decode_num_drafts_total": 10.0,
+        "nanoserve:spec_decode_num_draft_tokens_total": 24.0,
+        "nanoserve:spec_decode_num_accepted_tokens_total": 18.0,
+        "nanoserve:spec_decode_acceptance_rate": 0.75,
+        "nanoserve:spec_decode_verify_steps_total": 8.0,
+    }
+    per_position = "nanoserve:spec_decode_num_accepted_tokens_per_pos_total"
+    assert [series[f'{per_position}{{position="{i}"}}'] for i in range(3)] == [9.0, 6.0, 3.0]
+    assert health["speculation"]["acceptance_rate"] == 0.75
+    assert health["speculation"]["cost"]["per_draft_s"] == 0.002
+    assert health["speculation"]["per_draft_s"] == 0.003
 
 
 @pytest.mark.anyio

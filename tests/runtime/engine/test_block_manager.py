@@ -54,6 +54,22 @@ def test_grow_adds_only_what_is_missing() -> None:
     manager.release(table)
 
 
+def test_trim_gives_back_the_blocks_past_a_position() -> None:
+    manager = BlockManager(6, BS)
+    table = BlockTable(BS)
+    manager.grow(table, 13)  # a verify row's 13 positions
+    assert table.blocks == [0, 1, 2, 3]
+    manager.cache_full_blocks(table, list(range(13)), 8)  # the first two are computed
+    manager.trim(table, 9)  # 8 kept and the next token's slot
+    assert table.blocks == [0, 1, 2]
+    assert (manager.num_available, manager.num_in_use) == (3, 3)
+    manager.trim(table, 9)
+    assert table.blocks == [0, 1, 2]
+    manager.release(table)
+    assert manager.num_in_use == 0
+    manager.check(idle=True)
+
+
 def test_out_of_blocks_quotes_the_numbers() -> None:
     manager = BlockManager(2, BS)
     table = BlockTable(BS)

@@ -372,3 +372,70 @@ def test_the_output_is_data_about_its_rows(make_seq) -> None:
     third = s.schedule()  # a decode: the token sampled last, at the next position
     assert third.scheduled[0].chunk.token_ids == (TOKEN,)
     assert third.scheduled[0].chunk.start_pos == 6 and third.is_decode_only
+
+
+# -- drafts (speculation) --------------------------------------------------------------------------
+
+
+def decoding(s: Scheduler, make_seq, count: int, max_tokens: int = 20) -> list[Sequence]:
+    """`count` sequences past their 6-token prompts, each with one token sampled."""
+    seqs = [make_seq(6, max_tokens=max_tokens) for _ in range(count)]
+    s.add(seqs)
+    while not all(seq.uncomputed == 1 for seq in seqs):
+        drive(s)
+    return seqs
+
+
+def test_decoding_rows_take_their_drafts_within_the_budget(make_seq) -> None:
+    asked: list[tuple[list[int], int]] = []
+
+    def drafter(rows, budget):
+        asked.append(([r.seq_id for r in rows], budget))
+        if len(rows) < 2:  # one prompt still being computed
+            return {}
+        return {rows[0].seq_id: (5, 6, 7), rows[1].seq_id: (8, 9, 10, 11)}
+
+    s = scheduler(max_num_batched_tokens=8, drafter=drafter)
+    first, second = decoding(s, make_seq, 2)
+    out = s.schedule()
+    assert asked[-1] == ([first.seq_id, second.seq_id], 6)  # 8 - the two decode tokens
+    assert [item.draft for item in out.scheduled] == [(5, 6, 7), (8, 9, 10)]  # cut to budget
+    assert [item.chunk.token_ids for item in out.scheduled] == [(TOKEN, 5, 6, 7), (TOKEN, 8, 9, 10)]
+    assert first.block_table.capacity >= first.num_computed + 4
+
+
+def test_a_draft_never_preempts(make_seq) -> None:
+    s = scheduler(num_blocks=3, drafter=lambda rows, budget: {rows[0].seq_id: (5,) * 8})
+    decoding(s, make_seq, 1)  # 7 tokens in 2 blocks of 3; a draft of 8 would need 4
+    before = s.blocks.num_in_use
+    out = s.schedule()
+    assert out.scheduled[0].draft == () and out.preempted == ()
+    assert s.blocks.num_in_use == before
+    s.commit(out)
+
+
+def test_commit_counts_the_accepted_and_gives_back_the_rest(make_seq) -> None:
+    s = scheduler(drafter=lambda rows, budget: {rows[0].seq_id: (5, 6, 7, 8, 9, 10)})
+    (seq,) = decoding(s, make_seq, 1)  # 7 tokens: 6 computed, in 2 blocks
+    out = s.schedule()
+    assert len(seq.block_table.blocks) == 4  # 6 + 1 + 6 = 13 positions
+    s.commit(out, {seq.seq_id: 2})  # 5 and 6 kept, 7 rejected
+    assert seq.num_computed == 6 + 1 + 2
+    assert len(seq.block_table.blocks) == 3  # room for the 10th token, the target's next
+    s.blocks.check()
+
+
+def test_rows_under_a_grammar_never_draft(make_seq) -> None:
+    asked: list[list[int]] = []
+
+    def drafter(rows, budget):
+        asked.append([r.seq_id for r in rows])
+        return {r.seq_id: (5,) for r in rows}
+
+    s = scheduler(drafter=drafter)
+    free, constrained = decoding(s, make_seq, 2)
+    constrained.grammar = object()  # type: ignore[assignment]  # any matcher: never consulted
+    out = s.schedule()
+    assert asked[-1] == [free.seq_id]
+    assert [item.draft for item in out.scheduled] == [(5,), ()]
+    s.commit(out)

@@ -40,6 +40,7 @@ class Health(Struct, kw_only=True):
     kv_pool: dict[str, Any]  # the pool plan, and the blocks held now
     warm: dict[str, Any] | None  # the warm-up's report; None: none ran
     capture: dict[str, Any] | None  # the recordings' counters; None: nothing is recorded
+    speculation: dict[str, Any] | None = None  # its counters and measured costs; None: off
 
     @classmethod
     def of(cls, status: EngineStatus) -> Health:
@@ -59,4 +60,5 @@ class Health(Struct, kw_only=True):
             kv_pool={**status.pool.as_dict(), "blocks_in_use": status.blocks_in_use},
             warm=status.warm.as_dict() if status.warm is not None else None,
             capture=status.recordings.as_dict() if status.recordings is not None else None,
+            speculation=status.speculation.as_dict() if status.speculation is not None else None,
         )

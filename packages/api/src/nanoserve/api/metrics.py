@@ -19,6 +19,7 @@ from nanoserve.api.engine_client import EngineClient
 from nanoserve.api.kv_event_publisher import KVEventPublisher
 from nanoserve.runtime import RecordingStats
 from nanoserve.runtime.engine.request_times import RequestTimes
+from nanoserve.runtime.engine.speculator import SpecCounts
 
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 TOKEN_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
@@ -38,6 +39,45 @@ NO_RECORDINGS = RecordingStats(
     pool_bytes=0,
     pool_sharing_ratio=0.0,
 )
+
+
+def _speculation_metrics(counts: SpecCounts | None) -> Iterator[Metric]:
+    """vLLM's spec_decode series; zeros while speculation is off, so queries never vanish."""
+    yield _counter(
+        "spec_decode_num_drafts",
+        "Verify rows (a decoding row with a draft).",
+        _of(counts, "drafts"),
+    )
+    yield _counter(
+        "spec_decode_num_draft_tokens", "Draft tokens verified.", _of(counts, "draft_tokens")
+    )
+    yield _counter(
+        "spec_decode_num_accepted_tokens",
+        "Draft tokens accepted (each one the target's own token).",
+        _of(counts, "accepted_tokens"),
+    )
+    yield _gauge(
+        "spec_decode_acceptance_rate",
+        "Accepted draft tokens / draft tokens, since the start.",
+        counts.acceptance_rate if counts is not None else 0.0,
+    )
+    yield _counter(
+        "spec_decode_verify_steps",
+        "Steps that carried a draft (run eagerly, never from a recording).",
+        _of(counts, "verify_steps"),
+    )
+    per_position = CounterMetricFamily(
+        PREFIX + "spec_decode_num_accepted_tokens_per_pos",
+        "Accepted draft tokens by their position in the draft.",
+        labels=["position"],
+    )
+    for position, accepted in enumerate(counts.accepted_per_position if counts else ()):
+        per_position.add_metric([str(position)], accepted)
+    yield per_position
+
+
+def _of(counts: SpecCounts | None, name: str) -> int:
+    return int(getattr(counts, name)) if counts is not None else 0
 
 
 def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
@@ -106,6 +146,7 @@ class _EngineCollector(Collector):
             finished.add_metric([reason], status.finished.get(reason, 0))
         yield finished
         yield from _recording_metrics(status.recordings or NO_RECORDINGS)
+        yield from _speculation_metrics(status.speculation)
 
 
 def _recording_metrics(stats: RecordingStats) -> Iterator[Metric]:

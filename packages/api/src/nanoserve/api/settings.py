@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from nanoserve.api.kv_events_config import KVEventsConfig
+from nanoserve.runtime.engine.speculative_config import SpeculativeConfig, SpeculativeConfigError
 from nanoserve.runtime.engine_config import SERVER_DEFAULTS, EngineConfig, EngineConfigError
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]i?b?|b)?\s*$", re.IGNORECASE)
@@ -119,6 +120,14 @@ OPTIONS: tuple[Option, ...] = (
         float,
         "warm list: time budget in seconds, trimmed widest first (default 30 CPU, 3 GPU)",
     ),
+    Option(
+        "--speculative-config",
+        "speculative",
+        SpeculativeConfig.parse,
+        "speculative decoding: ngram (prompt lookup), off (the default), or vLLM's JSON"
+        ' \'{"method": "ngram", "num_speculative_tokens": 8, "prompt_lookup_max": 4,'
+        ' "prompt_lookup_min": 2}\'; greedy output is unchanged by it',
+    ),
     Option("--seed", "seed", int, "seed for unseeded sampling"),
     Option("--served-model-name", "served_model_name", str, "the `model` clients send"),
     Option("--batch-invariant", "batch_invariant", parse_bool, "tokens ignore batch (1/0)"),
@@ -209,7 +218,7 @@ def values_from_env(environ: Mapping[str, str]) -> dict[str, object]:
         if option.env in environ:
             try:
                 values[option.dest] = option.parse(environ[option.env])
-            except (ValueError, EngineConfigError) as error:
+            except (ValueError, EngineConfigError, SpeculativeConfigError) as error:
                 raise EngineConfigError(f"{option.env}: {error}") from None
     return values
 
@@ -239,7 +248,7 @@ def _argument(parse: Callable[[str], object]) -> Callable[[str], object]:
     def parsed(text: str) -> object:
         try:
             return parse(text)
-        except EngineConfigError as error:
+        except (EngineConfigError, SpeculativeConfigError) as error:
             raise argparse.ArgumentTypeError(str(error)) from None
 
     parsed.__name__ = getattr(parse, "__name__", "value")

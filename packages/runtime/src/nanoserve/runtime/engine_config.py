@@ -9,6 +9,7 @@ import torch
 
 from nanoserve.core import PrefillBudget
 from nanoserve.core.errors import NanoserveError
+from nanoserve.runtime.engine.speculative_config import SpeculativeConfig
 from nanoserve.runtime.kernels.cpu_features import auto_dtype
 from nanoserve.runtime.model.weight_forms import AUTO, KERNEL_FORMS, check_quantize
 
@@ -97,6 +98,8 @@ class EngineConfig:
     # The server's watchdog: a step still running after this many seconds kills the engine
     # (AsyncEngine); generous, since a wide prefill or a first recording takes seconds on a CPU.
     step_timeout: float | None = 120.0
+    # Speculative decoding (prompt lookup); None: off. Greedy output is unchanged by it.
+    speculative: SpeculativeConfig | None = None
 
     def __post_init__(self) -> None:
         """Refuse what no model could make possible; change nothing (resolve() decides)."""
@@ -191,6 +194,7 @@ class EngineConfig:
             seed=self.seed,
             served_model_name=self.served_model_name,
             step_timeout=self.step_timeout,
+            speculative=self.speculative,
         )
 
     def as_dict(self) -> dict[str, object]:
@@ -225,6 +229,7 @@ class ResolvedConfig:
     seed: int
     served_model_name: str | None
     step_timeout: float | None  # None: no watchdog
+    speculative: SpeculativeConfig | None  # None: no speculation
 
     @property
     def torch_dtype(self) -> torch.dtype:

@@ -87,12 +87,23 @@ class BlockManager:
 
     def release(self, table: BlockTable) -> None:
         """Drop a sequence's references; cached blocks it leaves become evictable."""
-        self.allocator.free(table.blocks)
-        for block in table.blocks:
+        self._drop(table.blocks)
+        table.blocks.clear()
+
+    def trim(self, table: BlockTable, num_tokens: int) -> None:
+        """Give back the blocks past the first num_tokens positions (a verify row's rejected
+        draft tokens held them)."""
+        keep = -(-num_tokens // table.block_size)
+        if len(table.blocks) > keep:
+            self._drop(table.blocks[keep:])
+            del table.blocks[keep:]
+
+    def _drop(self, blocks: list[int]) -> None:
+        self.allocator.free(blocks)
+        for block in blocks:
             if block in self._key_of and self.allocator.ref_count(block) == 1:
                 self._evictable[block] = None
                 self._evictable.move_to_end(block)
-        table.blocks.clear()
 
     # -- prefix cache ----------------------------------------------------------------------
 

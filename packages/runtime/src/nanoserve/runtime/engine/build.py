@@ -16,6 +16,7 @@ from functools import partial
 from pathlib import Path
 
 from nanoserve.core import Shape
+from nanoserve.core.draft_budget import DraftCost
 from nanoserve.runtime.decode.warmup import WarmEstimate, WarmPlan, WarmupReport, check_cancelled
 from nanoserve.runtime.engine.engine import Engine
 from nanoserve.runtime.engine.faults import FaultPlan, FaultyEngine
@@ -128,6 +129,8 @@ def _build_engine(
             f" to {budget.burst_tokens(1, resolved.max_batch)} (steps within {budget.burst}x the"
             " decode step to come)"
         )
+    if engine.speculator is not None:
+        say(spec_line(engine.speculator.cost, resolved.max_batch))
     say(
         f"planned K/V pool: {engine.pool_plan.num_blocks} blocks of {resolved.block_size}"
         f" ({engine.pool_plan.total_bytes / 2**20:.0f} MiB) for {resolved.max_model_len}-token contexts"
@@ -193,6 +196,21 @@ def first_forward(engine: Engine) -> None:
     engine.reset_counters()
 
 
+def spec_line(cost: DraftCost, max_batch: int) -> str:
+    """What a draft token costs, and the acceptance from which one pays, alone and at load."""
+
+    def pays_from(rows: int) -> str:
+        rate = rows * (cost.switch_s + cost.per_draft_s) / cost.decode_s(rows)
+        return f"{rate:.2f}" if rate < 1 else "never"
+
+    return (
+        f"speculation: a draft token measured at {cost.per_draft_s * 1e3:.2f} ms, a verify step"
+        f" +{cost.switch_s * 1e3:.2f} ms over a decode step of {cost.decode_s(1) * 1e3:.1f} ms;"
+        f" one draft token pays from acceptance {pays_from(1)} at 1 row,"
+        f" {pays_from(max_batch)} at {max_batch}"
+    )
+
+
 def boot_line(engine: Engine, seconds: float) -> str:
     plan = engine.pool_plan
     parts = [
@@ -205,6 +223,8 @@ def boot_line(engine: Engine, seconds: float) -> str:
         *([f"weights=[{types}]"] if (types := engine.runner.model.weight_types) else []),
         f"kv_blocks={plan.num_blocks}x{plan.block_size}",
     ]
+    if (spec := engine.config.speculative) is not None:
+        parts.append(f"speculative={spec.method}(k<={spec.num_speculative_tokens})")
     if engine.warm_report is not None:
         report = engine.warm_report
         estimated = report.estimate.seconds

@@ -25,7 +25,6 @@ from nanoserve.runtime.decode.warmup import (
     WarmEstimate,
     WarmPlan,
     WarmupReport,
-    plan_warm,
     record_warm_list,
 )
 from nanoserve.runtime.engine.block_manager import BlockManager, PrefixCacheStats
@@ -34,10 +33,18 @@ from nanoserve.runtime.engine.kv_events import KVEvent
 from nanoserve.runtime.engine.prefill_timing import resolve_prefill_budget
 from nanoserve.runtime.engine.request_check import RequestError, check_request
 from nanoserve.runtime.engine.runner import ModelRunner
-from nanoserve.runtime.engine.sampler import SampleResult, SampleRow, sample
+from nanoserve.runtime.engine.sampler import SampleResult, sample
 from nanoserve.runtime.engine.sampling_params import SamplingParams
 from nanoserve.runtime.engine.scheduler import Scheduler, SchedulerOutput
 from nanoserve.runtime.engine.sequence import Delta, Sequence, Status
+from nanoserve.runtime.engine.spec_timing import build_speculator
+from nanoserve.runtime.engine.verify import (
+    RowGroup,
+    accepted_drafts,
+    append_kept,
+    group_rows,
+    sample_rows,
+)
 from nanoserve.runtime.engine_config import EngineConfig, EngineConfigError, ResolvedConfig
 from nanoserve.runtime.model.kv_pool import KVPool
 from nanoserve.runtime.model.llama import LlamaModel
@@ -90,12 +97,14 @@ class Engine:
             enable_prefix_cache=config.enable_prefix_cache,
         )
         self.prefill_budget = resolve_prefill_budget(model, config)
+        self.speculator = build_speculator(model, config, self.prefill_budget)
         self.scheduler = Scheduler(
             self.blocks,
             max_batch=config.max_batch,
             max_num_batched_tokens=config.max_num_batched_tokens,
             max_waiting=config.max_waiting,
             prefill_budget=self.prefill_budget,
+            drafter=self.speculator.drafts if self.speculator is not None else None,
         )
         self.runner = ModelRunner(model, self.pool, config, backend)
         self.eos_token_ids = frozenset(cfg.eos_token_ids) | frozenset(tokenizer.eos_token_ids)
@@ -213,9 +222,12 @@ class Engine:
         if not out.scheduled:
             self._publish_kv_events()  # the plan may have evicted
             return []
+        started = time.perf_counter()
         logits = self._execute(out)  # checked (at record time) and run
-        sampling, result = self._sample(out, logits)
-        deltas = self._commit(out, sampling, result)
+        groups, result = self._sample(out, logits)
+        if self.speculator is not None:  # the price of a token, as this step says
+            self.speculator.observe_time(out, time.perf_counter() - started)
+        deltas = self._commit(out, groups, result)
         self._publish_kv_events()
         return deltas
 
@@ -228,43 +240,44 @@ class Engine:
         return out
 
     def _execute(self, out: SchedulerOutput) -> torch.Tensor:
-        return self.runner.execute(out)  # [rows that sample, vocab]
+        return self.runner.execute(out)  # [rows that sample (a verify row's each), vocab]
 
     def _sample(
         self, out: SchedulerOutput, logits: torch.Tensor
-    ) -> tuple[list[Sequence], SampleResult]:
-        scheduled = zip(self.scheduler.seqs_of(out), out.scheduled, strict=True)
-        sampling = [seq for seq, item in scheduled if item.samples]
-        mask = self._step_mask(sampling)
-        rows = [SampleRow(s.params, s.prompt_ids, s.output_ids, s.generator) for s in sampling]
-        result = sample(logits, rows, self.generator, mask)
+    ) -> tuple[list[RowGroup], SampleResult]:
+        groups = group_rows(self.scheduler.seqs_of(out), out.scheduled)
+        mask = self._step_mask(groups)
+        result = sample(logits, sample_rows(groups), self.generator, mask)
         self.num_steps += 1
-        return sampling, result
+        return groups, result
 
-    def _step_mask(self, sampling: list[Sequence]) -> StepMask | None:
-        """The grammar masks of this step's constrained rows (None when no row is)."""
+    def _step_mask(self, groups: list[RowGroup]) -> StepMask | None:
+        """The grammar masks of this step's constrained rows (one each: never a verify row)."""
         return self.token_masks.fill(
-            [(i, s.grammar) for i, s in enumerate(sampling) if s.grammar is not None]
+            [(g.first, g.seq.grammar) for g in groups if g.seq.grammar is not None]
         )
 
     def _commit(
-        self, out: SchedulerOutput, sampling: list[Sequence], result: SampleResult
+        self, out: SchedulerOutput, groups: list[RowGroup], result: SampleResult
     ) -> list[Delta]:
-        self.scheduler.commit(out)
+        """Each sequence takes its token (a verify row: its kept draft, then the target's)."""
+        accepted = accepted_drafts(groups, result.token_ids)
+        self.scheduler.commit(out, accepted)
+        if accepted and self.speculator is not None:
+            self.speculator.observe_step(accepted, {g.seq.seq_id: len(g.draft) for g in groups})
         deltas = []
-        for i, seq in enumerate(sampling):
-            logprob = result.logprobs[i] if result.logprobs is not None else None
-            top = tuple(result.top_logprobs[i]) if result.top_logprobs is not None else None
-            seq.append(result.token_ids[i], logprob, top)
-            self.generation_tokens += 1
-            if seq.finished:
-                self._retire(seq)
-            deltas.append(seq.take_delta())
+        for group in groups:
+            self.generation_tokens += append_kept(group, result, accepted.get(group.seq.seq_id, 0))
+            if group.seq.finished:
+                self._retire(group.seq)
+            deltas.append(group.seq.take_delta())
         return deltas
 
     def _retire(self, seq: Sequence) -> None:
         self.scheduler.finish(seq)
         self.runner.release(seq.seq_id)
+        if self.speculator is not None:
+            self.speculator.forget(seq.seq_id)
         self.finished[seq.finish_reason or "abort"] += 1
         seqs = self._requests.get(seq.request_id)
         if seqs is not None and all(s.finished for s in seqs):
@@ -306,17 +319,7 @@ class Engine:
 
     def plan_warm(self) -> WarmPlan:
         """The warm list this engine's config and memory allow (decode_mode="recorded")."""
-        recordings, buckets = self.runner.recordings, self.runner.buckets
-        if recordings is None or buckets is None:
-            raise EngineConfigError("a warm-up needs decode_mode='recorded'")
-        config = self.config
-        return plan_warm(
-            buckets,
-            recordings.footprint,
-            max_rows=min(config.warm_max_rows, config.max_batch),
-            max_width=config.warm_max_width,
-            budget_bytes=self.runner.warm_budget_bytes(),
-        )
+        return self.runner.plan_warm()
 
     def warm(
         self,
@@ -360,6 +363,8 @@ class Engine:
         self.finished.clear()
         self.prompt_tokens = self.generation_tokens = self.num_steps = 0
         self.blocks.stats = PrefixCacheStats()
+        if self.speculator is not None:
+            self.speculator.reset_counters()
 
     def default_max_tokens(self, prompt_len: int) -> int:
         """An unset max_tokens: as long as the context allows and the pool can hold (a pool

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from nanoserve.core import KVPoolPlan, PrefillBudget
 from nanoserve.runtime.decode.recordings import RecordingStats
 from nanoserve.runtime.decode.warmup import WarmupReport
+from nanoserve.runtime.engine.speculator import SpecCounts
 from nanoserve.runtime.kernels.cpu_features import cpu_features
 
 if TYPE_CHECKING:
@@ -57,6 +58,7 @@ class EngineStatus:
     generation_tokens: int
     finished: Mapping[str, int]  # finished sequences by finish reason
     steps: int
+    speculation: SpecCounts | None = None  # None: speculation is off
 
 
 def snapshot(engine: Engine) -> EngineStatus:
@@ -90,4 +92,5 @@ def snapshot(engine: Engine) -> EngineStatus:
         generation_tokens=engine.generation_tokens,
         finished=dict(engine.finished),
         steps=engine.num_steps,
+        speculation=engine.speculator.counts() if engine.speculator is not None else None,
     )

@@ -26,7 +26,7 @@ from nanoserve.core.errors import NanoserveError
 from nanoserve.runtime.engine.engine import Engine
 from nanoserve.runtime.engine.sampler import SampleResult
 from nanoserve.runtime.engine.scheduler import SchedulerOutput
-from nanoserve.runtime.engine.sequence import Sequence
+from nanoserve.runtime.engine.verify import RowGroup
 from nanoserve.runtime.text.tokenizer import Tokenizer
 
 ENV = "NANOSERVE_FAULT"
@@ -115,6 +115,6 @@ class FaultyEngine(Engine):
 
     def _sample(
         self, out: SchedulerOutput, logits: torch.Tensor
-    ) -> tuple[list[Sequence], SampleResult]:
+    ) -> tuple[list[RowGroup], SampleResult]:
         self.faults.hit("sampler", self.num_attempts)
         return super()._sample(out, logits)

@@ -43,9 +43,9 @@ def measure_prefill_budget(
     def forward(plan: DecodePlan | PrefillPlan) -> Callable[[], object]:
         return lambda: model.forward(plan, pool.empty_rows())
 
-    one_row_s = _fastest(forward(padding_decode(1, sink, model.device)))
-    rows_s = _fastest(forward(padding_decode(rows, sink, model.device)))
-    tokens_s = _fastest(forward(padding_prefill(chunk, sink, model.device)))
+    one_row_s = fastest(forward(padding_decode(1, sink, model.device)))
+    rows_s = fastest(forward(padding_decode(rows, sink, model.device)))
+    tokens_s = fastest(forward(padding_prefill(chunk, sink, model.device)))
     timed = PrefillBudget.from_timings(
         max_tokens=max_tokens,
         one_row_s=one_row_s,
@@ -58,7 +58,7 @@ def measure_prefill_budget(
     return dataclasses.replace(timed, max_rows=max_batch)  # rows was at least 2, to fit a line
 
 
-def _fastest(run: Callable[[], object]) -> float:
+def fastest(run: Callable[[], object]) -> float:
     best = float("inf")
     with torch.inference_mode():
         run()  # the first call pays for allocations and page faults

@@ -20,8 +20,9 @@ from nanoserve.core import (
 )
 from nanoserve.runtime.decode.decode_inputs import DecodeInputs
 from nanoserve.runtime.decode.recordings import Backend, DecodeRecordings, StepFn, default_backend
+from nanoserve.runtime.decode.warmup import WarmPlan, plan_warm
 from nanoserve.runtime.engine.scheduler import SchedulerOutput
-from nanoserve.runtime.engine_config import ResolvedConfig
+from nanoserve.runtime.engine_config import EngineConfigError, ResolvedConfig
 from nanoserve.runtime.model.kv_pool import CacheRows, KVPool
 from nanoserve.runtime.model.llama import LlamaModel
 from nanoserve.runtime.model.memory import free_bytes
@@ -71,13 +72,37 @@ class ModelRunner:
         pending = self.pool.plan.total_bytes - self.pool.resident_bytes
         return max(0, free_bytes(self.pool.device) - pending)
 
+    def plan_warm(self) -> WarmPlan:
+        """The warm list the config and memory allow (decode_mode="recorded")."""
+        if self.recordings is None or self.buckets is None:
+            raise EngineConfigError("a warm-up needs decode_mode='recorded'")
+        return plan_warm(
+            self.buckets,
+            self.recordings.footprint,
+            max_rows=min(self.config.warm_max_rows, self.config.max_batch),
+            max_width=self.config.warm_max_width,
+            budget_bytes=self.warm_budget_bytes(),
+        )
+
     def execute(self, out: SchedulerOutput) -> torch.Tensor:
-        """Logits [rows that sample, vocab], in the order of out.scheduled."""
+        """Logits [rows that sample, vocab], in the order of out.scheduled; a verify row gives
+        one per position (its last token's, then each draft token's)."""
         if out.is_decode_only:
             return self._decode(out)
         chunks = [item.chunk for item in out.scheduled]
         plan = plan_prefill(chunks, sink_slot=self.sink_slot, device=self.pool.device)
-        logits = self.model.forward(plan, self.pool.view(plan.seq_ids))  # [chunks, vocab]
+        cache = self.pool.view(plan.seq_ids)
+        if any(item.draft for item in out.scheduled):
+            starts = plan.query_starts
+            rows = [
+                row
+                for i, item in enumerate(out.scheduled)
+                if item.samples
+                for row in range(starts[i + 1] - 1 - len(item.draft), starts[i + 1])
+            ]
+            index = torch.tensor(rows, dtype=torch.int64, device=self.pool.device)
+            return self.model.forward(plan, cache, logit_rows=index)  # [rows, vocab]
+        logits = self.model.forward(plan, cache)  # [chunks, vocab]
         sampling = [i for i, item in enumerate(out.scheduled) if item.samples]
         return logits if len(sampling) == len(chunks) else logits[sampling]
 

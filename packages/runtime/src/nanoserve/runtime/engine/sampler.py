@@ -22,6 +22,9 @@ class SampleRow:
     prompt_ids: Sequence[int]
     output_ids: Sequence[int]
     generator: torch.Generator | None  # seeded requests carry their own
+    # Keep the generator's state after this row's draw (a verify row's: a rejected draft
+    # rewinds its sequence's generator to the state after the last token it kept).
+    keep_state: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,6 +32,8 @@ class SampleResult:
     token_ids: list[int]
     logprobs: list[float] | None  # the chosen token's log-probability, per row
     top_logprobs: list[list[tuple[int, float]]] | None  # per row, best first
+    # Per row: its generator's state after its draw, where the row asked to keep it and drew
+    generator_states: list[torch.Tensor | None] | None = None
 
 
 def sample(
@@ -82,6 +87,7 @@ def sample(
         _apply_penalties(logits, rows)
 
     chosen = greedy_pick(logits)  # [rows]
+    states: list[torch.Tensor | None] | None = None
     if not all(p.greedy for p in params):
         # [5, rows] on the host, one copy: temperature (1 for greedy rows), top_k, top_p,
         # min_p, and 1 where the row samples.
@@ -104,12 +110,15 @@ def sample(
         for i, r in enumerate(rows):
             if r.generator is not None and not params[i].greedy:
                 noise[i].exponential_(generator=r.generator)
+                if r.keep_state:
+                    states = states or [None] * num_rows
+                    states[i] = r.generator.get_state()
         drawn = greedy_pick(probs / noise)
         chosen = torch.where(knobs[4] > 0, drawn, chosen)
 
     want = [p.logprobs for p in params]
     if all(w is None for w in want):
-        return SampleResult(chosen.tolist(), None, None)
+        return SampleResult(chosen.tolist(), None, None, states)
     logprobs_all = torch.log_softmax(raw, dim=-1)  # [rows, vocab]
     top_n = max(w or 0 for w in want)
     # One read: [rows, 2 + 2 * top_n] float64 (ids are exact in float64) — chosen id, its
@@ -127,7 +136,7 @@ def sample(
             pairs = [(int(line[2 + j]), line[2 + top_n + j]) for j in range(w)]
             # A grammar may allow fewer than w tokens: the forbidden ones are not candidates.
             top[i] = [(t, v) for t, v in pairs if v != float("-inf")]
-    return SampleResult(token_ids, [line[1] for line in table], top)
+    return SampleResult(token_ids, [line[1] for line in table], top, states)
 
 
 def greedy_pick(logits: torch.Tensor) -> torch.Tensor:

@@ -15,7 +15,7 @@ the whole token budget unless a burst of prompts is more than it holds.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from nanoserve.core import PrefillBudget, PrefillChunk
@@ -35,6 +35,9 @@ class ScheduledSeq:
     chunk: PrefillChunk  # seq_id, the tokens computed this step (a decode: the last sampled
     # one), the position of the first (the sequence's computed count), and its block table
     samples: bool  # the chunk reaches the sequence's last token: its logits give the next one
+    # Proposed tokens fed after the last one, each to be verified (speculation); the chunk
+    # holds them, and every one of its positions gives logits.
+    draft: tuple[int, ...] = ()
 
     @property
     def seq_id(self) -> int:
@@ -50,6 +53,17 @@ def schedule_seq(seq: Sequence, num_new: int) -> ScheduledSeq:
     start = seq.num_computed
     chunk = PrefillChunk(seq.seq_id, seq.tokens(start, start + num_new), start, seq.block_table)
     return ScheduledSeq(chunk, start + num_new == seq.num_tokens)
+
+
+def schedule_draft(seq: Sequence, draft: tuple[int, ...]) -> ScheduledSeq:
+    """seq's last token, then the draft after it: a verify row."""
+    start = seq.num_computed
+    tokens = (*seq.tokens(start, start + 1), *draft)
+    return ScheduledSeq(PrefillChunk(seq.seq_id, tokens, start, seq.block_table), True, draft)
+
+
+# (the step's decoding sequences, the tokens the step may still take) -> drafts by seq_id
+Drafter = Callable[[list[Sequence], int], Mapping[int, tuple[int, ...]]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,12 +91,14 @@ class Scheduler:
         max_waiting: int | None = None,
         watermark_blocks: int = 1,
         prefill_budget: PrefillBudget | None = None,
+        drafter: Drafter | None = None,
     ) -> None:
         self.blocks = blocks
         self.max_batch = max_batch
         self.max_num_batched_tokens = max_num_batched_tokens
         # None: prompt tokens take whatever of the token budget decoding rows leave
         self.prefill_budget = prefill_budget
+        self.drafter = drafter  # None: no speculation
         self.max_waiting = max_waiting
         self.watermark_blocks = watermark_blocks
         self.waiting: deque[Sequence] = deque()
@@ -128,7 +144,33 @@ class Scheduler:
             index += 1
         if not preempted:
             self._admit(min(budget, prompt_budget), scheduled)
+            if self.drafter is not None:
+                self._add_drafts(scheduled)
         return SchedulerOutput(tuple(scheduled), tuple(preempted))
+
+    def _add_drafts(self, scheduled: list[ScheduledSeq]) -> None:
+        """Decoding rows become verify rows where the drafter proposes and the pool has the
+        blocks without preempting anyone (a draft is never worth a recomputation)."""
+        assert self.drafter is not None
+        budget = self.max_num_batched_tokens - sum(item.num_new for item in scheduled)
+        running = {seq.seq_id: seq for seq in self.running}
+        # A grammar's state cannot take tokens that may be rejected: its rows never verify.
+        decoding = {
+            item.seq_id: i
+            for i, item in enumerate(scheduled)
+            if item.num_new == 1 and item.samples and running[item.seq_id].grammar is None
+        }
+        if budget < 1 or not decoding:
+            return
+        drafts = self.drafter([running[seq_id] for seq_id in decoding], budget)
+        for seq_id, proposed in drafts.items():
+            seq, draft = running[seq_id], tuple(proposed[:budget])
+            end = seq.num_computed + 1 + len(draft)
+            if not draft or not self.blocks.can_allocate(seq.block_table.blocks_needed(end)):
+                continue
+            self.blocks.grow(seq.block_table, end)
+            scheduled[decoding[seq_id]] = schedule_draft(seq, draft)
+            budget -= len(draft)
 
     def _reserve(
         self, seq: Sequence, num_new: int, scheduled: list[ScheduledSeq], preempted: list[int]
@@ -190,14 +232,20 @@ class Scheduler:
         running = {seq.seq_id: seq for seq in self.running}
         return [running[item.seq_id] for item in out.scheduled]
 
-    def commit(self, out: SchedulerOutput) -> None:
-        """After a step: advance computed counts, cache blocks that became full."""
+    def commit(self, out: SchedulerOutput, accepted: Mapping[int, int] | None = None) -> None:
+        """After a step, before its tokens are appended: advance computed counts, cache blocks
+        that became full. A verify row's positions count up to its accepted draft tokens
+        (`accepted`, by seq_id); the K/V written for the rejected ones is past the computed
+        count, where no attention reads, and the blocks that held only those are given back."""
         block_size, caching = self.blocks.block_size, self.blocks.enable_prefix_cache
         for seq, item in zip(self.seqs_of(out), out.scheduled, strict=True):
-            seq.num_computed += item.num_new
+            kept = item.draft[: (accepted or {}).get(item.seq_id, 0)]
+            seq.num_computed += item.num_new - len(item.draft) + len(kept)
+            if item.draft:
+                self.blocks.trim(seq.block_table, seq.num_computed + 1)
             if caching and seq.num_computed // block_size > len(seq.block_hashes):  # one filled
                 self.blocks.cache_full_blocks(
-                    seq.block_table, seq.token_ids(), seq.num_computed, seq.block_hashes
+                    seq.block_table, [*seq.token_ids(), *kept], seq.num_computed, seq.block_hashes
                 )
 
     def finish(self, seq: Sequence) -> None:

@@ -1,0 +1,178 @@
+"""Speculator: the proposals of a step's decoding rows, and what became of them.
+
+Each row's proposal comes from its own n-gram index (prompt lookup); which rows verify how many
+of their proposed tokens is priced by `plan_drafts` with each sequence's own acceptance record.
+
+The price starts as the boot's measurement (spec_timing.py) and then follows the steps the
+engine runs (`observe_time`). The boot times tokens that see almost no context, and a forward
+alone; a served token reads its whole context's K/V in every layer, and a step also samples.
+At a few hundred tokens of context and 8 rows, a draft token costs twice what the boot saw,
+and drafts priced at the boot's figure are taken where they lose. So the engine's own steps
+are the measure: a moving average of the decode step's time per row count, and of what a
+verify step took beyond the decode step of its rows, per draft token. While no verify step
+runs, the draft price drifts back towards the boot's, so a price that rose under load is
+tried again once the load is gone. Counters feed /metrics.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence as Seq
+from dataclasses import asdict, dataclass, field, replace
+
+from nanoserve.core.draft_budget import Acceptance, DraftCandidate, DraftCost, plan_drafts
+from nanoserve.runtime.engine.ngram_index import NgramIndex
+from nanoserve.runtime.engine.scheduler import SchedulerOutput
+from nanoserve.runtime.engine.sequence import Sequence
+from nanoserve.runtime.engine.speculative_config import SpeculativeConfig
+
+SMOOTHING = 0.1  # the weight of each step's time in the prices
+DRIFT = 0.01  # per decode step, the draft price's pull back towards the boot's
+
+
+@dataclass(slots=True)
+class SpecStats:
+    """vLLM's spec_decode counters: drafts (verify rows), their tokens, the accepted ones, and
+    accepted tokens by position within a draft."""
+
+    drafts: int = 0
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
+    accepted_per_position: list[int] = field(default_factory=list)
+    verify_steps: int = 0  # steps that carried a draft (they run eagerly: never recorded)
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted_tokens / self.draft_tokens if self.draft_tokens else 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class SpecCounts:
+    """A snapshot of a Speculator, as /health and /metrics read it."""
+
+    method: str
+    num_speculative_tokens: int
+    cost: DraftCost  # what the boot measured
+    per_draft_s: float  # what a draft token costs, as the verify steps say
+    drafts: int
+    draft_tokens: int
+    accepted_tokens: int
+    accepted_per_position: tuple[int, ...]
+    verify_steps: int
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted_tokens / self.draft_tokens if self.draft_tokens else 0.0
+
+    def as_dict(self) -> dict[str, object]:
+        return {**asdict(self), "acceptance_rate": self.acceptance_rate}
+
+
+class Speculator:
+    def __init__(self, config: SpeculativeConfig, cost: DraftCost, max_model_len: int) -> None:
+        self.config = config
+        self.cost = cost  # the boot's measurement
+        self.calibrate = True  # follow the steps' times (off: price at `cost`, as tests do)
+        self.per_draft_s = cost.per_draft_s  # a draft token, as verify steps say
+        self._decode_s: dict[int, float] = {}  # a decode step of n rows, as the steps say
+        self.max_model_len = max_model_len
+        self.stats = SpecStats(accepted_per_position=[0] * config.num_speculative_tokens)
+        self._indexes: dict[int, NgramIndex] = {}
+        self._acceptance: dict[int, Acceptance] = {}
+
+    def drafts(self, rows: Seq[Sequence], budget: int) -> dict[int, tuple[int, ...]]:
+        """Draft tokens for some of `rows` (the step's decoding rows), at most `budget` in all."""
+        if budget < 1 or not rows:
+            return {}
+        proposals: dict[int, tuple[int, ...]] = {}
+        candidates = []
+        for seq in rows:
+            room = min(
+                self.config.num_speculative_tokens,
+                seq.params.max_tokens - len(seq.output_ids) - 1,  # the target adds one more
+                self.max_model_len - seq.num_tokens,
+            )
+            if room < 1:
+                continue
+            proposal = self._index(seq.seq_id).propose(seq.token_ids(), room)
+            if proposal:
+                proposals[seq.seq_id] = proposal
+                rate = self._acceptance.get(seq.seq_id, Acceptance()).rate
+                candidates.append(DraftCandidate(seq.seq_id, rate, len(proposal)))
+        if not candidates:
+            return {}
+        chosen = plan_drafts(self.priced(len(rows)), len(rows), candidates, budget)
+        for candidate in candidates:
+            if candidate.seq_id not in chosen:
+                record = self._acceptance.get(candidate.seq_id, Acceptance())
+                self._acceptance[candidate.seq_id] = record.toward_prior()
+        return {seq_id: proposals[seq_id][:count] for seq_id, count in chosen.items()}
+
+    def reset_counters(self) -> None:
+        self.stats = SpecStats(accepted_per_position=[0] * self.config.num_speculative_tokens)
+
+    def counts(self) -> SpecCounts:
+        stats = self.stats
+        return SpecCounts(
+            method=self.config.method,
+            num_speculative_tokens=self.config.num_speculative_tokens,
+            cost=self.cost,
+            per_draft_s=self.per_draft_s,
+            drafts=stats.drafts,
+            draft_tokens=stats.draft_tokens,
+            accepted_tokens=stats.accepted_tokens,
+            accepted_per_position=tuple(stats.accepted_per_position),
+            verify_steps=stats.verify_steps,
+        )
+
+    def priced(self, rows: int) -> DraftCost:
+        """The cost a step of `rows` decoding rows plans its drafts at."""
+        if not self.calibrate:
+            return self.cost
+        decode_s = self._decode_s.get(rows, self.cost.decode_s(rows))
+        return replace(self.cost, base_s=decode_s, per_row_s=0.0, per_draft_s=self.per_draft_s)
+
+    def observe_time(self, out: SchedulerOutput, seconds: float) -> None:
+        """A step took `seconds` from its forward to its sampled tokens. Only decode and verify
+        steps price a token: a prompt chunk's tokens cost less than a row's (no sampling)."""
+        if not self.calibrate or any(
+            len(i.chunk.token_ids) > 1 + len(i.draft) for i in out.scheduled
+        ):
+            return
+        rows, drafts = len(out.scheduled), sum(len(item.draft) for item in out.scheduled)
+        if drafts:
+            plain_s = self._decode_s.get(rows, self.cost.decode_s(rows)) + self.cost.switch_s
+            sample = max(0.0, seconds - plain_s) / drafts
+            self.per_draft_s += SMOOTHING * (sample - self.per_draft_s)
+        else:
+            self._decode_s[rows] = seconds + (1 - SMOOTHING) * (
+                self._decode_s.get(rows, seconds) - seconds
+            )
+            self.per_draft_s += DRIFT * (self.cost.per_draft_s - self.per_draft_s)
+
+    def observe_step(self, accepted: dict[int, int], proposed: dict[int, int]) -> None:
+        """A verify step's outcome: per verify row's seq_id, its accepted draft tokens."""
+        self.stats.verify_steps += 1
+        for seq_id, count in accepted.items():
+            self.observe(seq_id, proposed[seq_id], count)
+
+    def observe(self, seq_id: int, proposed: int, accepted: int) -> None:
+        record = self._acceptance.get(seq_id, Acceptance())
+        self._acceptance[seq_id] = record.after(proposed, accepted)
+        stats = self.stats
+        stats.drafts += 1
+        stats.draft_tokens += proposed
+        stats.accepted_tokens += accepted
+        for position in range(accepted):
+            stats.accepted_per_position[position] += 1
+
+    def forget(self, seq_id: int) -> None:
+        """The sequence finished: its index and record go with it."""
+        self._indexes.pop(seq_id, None)
+        self._acceptance.pop(seq_id, None)
+
+    def _index(self, seq_id: int) -> NgramIndex:
+        index = self._indexes.get(seq_id)
+        if index is None:
+            index = NgramIndex(self.config.prompt_lookup_min, self.config.prompt_lookup_max)
+            self._indexes[seq_id] = index
+        return index
