@@ -134,7 +134,7 @@ def start_llama(peer: Peer, gguf: Path, threads: int, spec: bool) -> tuple[subpr
     if spec:
         command += [
             "--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", "3",
-            "--spec-ngram-simple-size-m", "8",
+            "--spec-ngram-simple-size-m", "8", "--spec-draft-n-max", "8",
         ]  # fmt: skip
     log = tempfile.NamedTemporaryFile("w+", prefix="llama-spec-", suffix=".log", delete=False)  # noqa: SIM115 (the server holds it)
     process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, text=True)

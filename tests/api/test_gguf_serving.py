@@ -5,6 +5,7 @@ in-process. /health says what is served; answers are the same alone, batched and
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,7 @@ import pytest
 from litestar.testing import AsyncTestClient
 
 from nanoserve.api.engine_client import build_async_engine
+from nanoserve.runtime.engine.speculative_config import SpeculativeConfig
 from nanoserve.runtime.engine_config import EngineConfig
 from tests.api.fake_server import fake_server
 
@@ -64,3 +66,33 @@ async def test_a_mixed_gguf_is_served_in_its_own_types(tiny_mixed_gguf: Path) ->
                     streamed.append(json.loads(line[6:])["choices"][0]["text"])
         assert "".join(streamed) == alone[0]
         assert server.engine.status().blocks_in_use == 0
+
+
+async def test_speculation_is_served_and_changes_no_greedy_answer(tiny_mixed_gguf: Path) -> None:
+    """The same file with prompt lookup on: the same greedy text for prompts that quote
+    themselves, the speculator's counters on /health and /metrics, and no block left held."""
+    base = EngineConfig(
+        model=str(tiny_mixed_gguf),
+        quantize="auto",
+        dtype="auto",
+        prefill_budget="auto",
+        max_model_len=128,
+        max_batch=4,
+        kv_budget_bytes=8 << 20,
+    )
+    prompts = ["abc abc abc abc", "the cat the cat the cat", "1 2 3 1 2 3 1 2", "xyz"]
+    answers = {}
+    for speculative in (None, SpeculativeConfig(num_speculative_tokens=4)):
+        config = dataclasses.replace(base, speculative=speculative)
+        async with fake_server(factory=build_async_engine, engine=config) as (client, server):
+            assert server.engine is not None, server.boot_error
+            together = await asyncio.gather(*(complete(client, p, max_tokens=24) for p in prompts))
+            answers[speculative is not None] = [r["choices"][0]["text"] for r in together]
+            health = (await client.get("/health")).json()
+            metrics = (await client.get("/metrics")).text
+            assert server.engine.status().blocks_in_use == 0
+    assert answers[True] == answers[False]
+    assert health["speculation"]["method"] == "ngram"
+    assert health["speculation"]["num_speculative_tokens"] == 4
+    assert health["speculation"]["cost"]["per_draft_s"] > 0
+    assert "nanoserve:spec_decode_num_draft_tokens_total" in metrics

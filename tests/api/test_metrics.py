@@ -121,7 +121,7 @@ async def test_speculation_metrics_are_the_speculators_counters() -> None:
         method="ngram",
         num_speculative_tokens=3,
         cost=DraftCost(base_s=0.02, per_row_s=0.001, switch_s=0.0005, per_draft_s=0.002),
-        per_draft_s=0.003,
+        prices={"decode_s": {1: 0.021}, "draft_s": {1: 0.003}},
         drafts=10,
         draft_tokens=24,
         accepted_tokens=18,
@@ -142,7 +142,7 @@ async def test_speculation_metrics_are_the_speculators_counters() -> None:
     assert [series[f'{per_position}{{position="{i}"}}'] for i in range(3)] == [9.0, 6.0, 3.0]
     assert health["speculation"]["acceptance_rate"] == 0.75
     assert health["speculation"]["cost"]["per_draft_s"] == 0.002
-    assert health["speculation"]["per_draft_s"] == 0.003
+    assert health["speculation"]["prices"] == {"decode_s": {"1": 0.021}, "draft_s": {"1": 0.003}}
 
 
 @pytest.mark.anyio

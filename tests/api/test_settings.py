@@ -9,6 +9,7 @@ import pytest
 
 from nanoserve.api.cli import EXIT_FAILED, main
 from nanoserve.api.settings import ServerSettings, add_options, values_from_args, values_from_env
+from nanoserve.runtime.engine.speculative_config import SpeculativeConfig
 from nanoserve.runtime.engine_config import DecodeMode, EngineConfigError, ResolvedConfig
 
 
@@ -57,6 +58,29 @@ def test_an_unknown_mode_is_one_line_and_exit_1(capsys: pytest.CaptureFixture[st
         "",
         "nanoserve: decode_mode must be one of eager, bucketed, persistent, recorded,"
         " got 'recordings'\n",
+    )
+
+
+def test_speculation_from_flags_and_the_environment() -> None:
+    assert settings().engine.speculative is None
+    assert settings("--speculative-config", "ngram").engine.speculative == SpeculativeConfig()
+    json_flag = '{"method": "ngram", "num_speculative_tokens": 3}'
+    assert settings("--speculative-config", json_flag).engine.speculative == SpeculativeConfig(
+        num_speculative_tokens=3
+    )
+    env = ServerSettings.from_env({"NANOSERVE_SPECULATIVE_CONFIG": "ngram"})
+    assert env.engine.speculative == SpeculativeConfig()
+
+
+def test_a_bad_speculative_config_is_one_line_and_exit_2(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["serve", "--speculative-config", "eagle", "--port", "1"])
+    assert exited.value.code == 2  # argparse's usage error
+    err = capsys.readouterr().err.splitlines()
+    assert err[-1].endswith(
+        "argument --speculative-config: speculative method must be one of ngram, got 'eagle'"
     )
 
 

@@ -24,6 +24,8 @@ from dataclasses import dataclass
 
 from nanoserve.core.errors import NanoserveError
 
+MARGIN = 0.05  # what a draft must beat the plain step's rate by
+
 
 class DraftBudgetError(NanoserveError, ValueError):
     """Costs or counts that cannot price a draft."""
@@ -91,10 +93,17 @@ class DraftCandidate:
 
 
 def plan_drafts(
-    cost: DraftCost, rows: int, candidates: Sequence[DraftCandidate], max_tokens: int
+    cost: DraftCost,
+    rows: int,
+    candidates: Sequence[DraftCandidate],
+    max_tokens: int,
+    margin: float = MARGIN,
 ) -> dict[int, int]:
     """Draft tokens per seq_id (absent: none) for a step of `rows` decoding rows, at most
-    `max_tokens` in all (what the step's token budget leaves)."""
+    `max_tokens` in all (what the step's token budget leaves). A draft token is taken when
+    the tokens it adds per second of step it costs beat the step's rate by `margin`, and the
+    drafts at all when the step's rate beats the plain decode step's by `margin`: the prices
+    and the acceptance are estimates, and near break-even their noise decides."""
     if rows < 1:
         raise DraftBudgetError(f"a step with drafts has decoding rows, got {rows}")
     plain_s = cost.decode_s(rows)
@@ -109,12 +118,12 @@ def plan_drafts(
     )
     chosen: dict[int, int] = {}
     for gain, _, seq_id in marginal[: max(0, max_tokens)]:
-        if (tokens + gain) / (seconds + cost.per_draft_s) <= tokens / seconds:
+        if gain * seconds <= (1 + margin) * tokens * cost.per_draft_s:  # gain/cost vs rate
             break
         tokens += gain
         seconds += cost.per_draft_s
         chosen[seq_id] = chosen.get(seq_id, 0) + 1
-    if tokens / seconds <= rows / plain_s:  # the switch to a verify step did not pay
+    if tokens / seconds <= (1 + margin) * rows / plain_s:  # the verify step does not pay
         return {}
     return chosen
 

@@ -94,4 +94,4 @@ def build_speculator(
     cost = measure_draft_cost(
         model, drafts=spec.num_speculative_tokens, max_batch=config.max_batch, budget=budget
     )
-    return Speculator(spec, cost, config.max_model_len)
+    return Speculator(spec, cost, config.max_model_len, config.max_batch)

@@ -3,30 +3,21 @@
 Each row's proposal comes from its own n-gram index (prompt lookup); which rows verify how many
 of their proposed tokens is priced by `plan_drafts` with each sequence's own acceptance record.
 
-The price starts as the boot's measurement (spec_timing.py) and then follows the steps the
-engine runs (`observe_time`). The boot times tokens that see almost no context, and a forward
-alone; a served token reads its whole context's K/V in every layer, and a step also samples.
-At a few hundred tokens of context and 8 rows, a draft token costs twice what the boot saw,
-and drafts priced at the boot's figure are taken where they lose. So the engine's own steps
-are the measure: a moving average of the decode step's time per row count, and of what a
-verify step took beyond the decode step of its rows, per draft token. While no verify step
-runs, the draft price drifts back towards the boot's, so a price that rose under load is
-tried again once the load is gone. Counters feed /metrics.
+The price is the boot's timing at first, then what the engine's own steps say (StepPrices).
+Counters feed /metrics.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence as Seq
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 
 from nanoserve.core.draft_budget import Acceptance, DraftCandidate, DraftCost, plan_drafts
 from nanoserve.runtime.engine.ngram_index import NgramIndex
 from nanoserve.runtime.engine.scheduler import SchedulerOutput
 from nanoserve.runtime.engine.sequence import Sequence
 from nanoserve.runtime.engine.speculative_config import SpeculativeConfig
-
-SMOOTHING = 0.1  # the weight of each step's time in the prices
-DRIFT = 0.01  # per decode step, the draft price's pull back towards the boot's
+from nanoserve.runtime.engine.step_prices import StepPrices
 
 
 @dataclass(slots=True)
@@ -52,7 +43,7 @@ class SpecCounts:
     method: str
     num_speculative_tokens: int
     cost: DraftCost  # what the boot measured
-    per_draft_s: float  # what a draft token costs, as the verify steps say
+    prices: dict[str, object]  # what the steps say: the decode step's line, draft_s by bucket
     drafts: int
     draft_tokens: int
     accepted_tokens: int
@@ -68,12 +59,13 @@ class SpecCounts:
 
 
 class Speculator:
-    def __init__(self, config: SpeculativeConfig, cost: DraftCost, max_model_len: int) -> None:
+    def __init__(
+        self, config: SpeculativeConfig, cost: DraftCost, max_model_len: int, max_rows: int = 32
+    ) -> None:
         self.config = config
         self.cost = cost  # the boot's measurement
         self.calibrate = True  # follow the steps' times (off: price at `cost`, as tests do)
-        self.per_draft_s = cost.per_draft_s  # a draft token, as verify steps say
-        self._decode_s: dict[int, float] = {}  # a decode step of n rows, as the steps say
+        self.prices = StepPrices(cost, max_rows)
         self.max_model_len = max_model_len
         self.stats = SpecStats(accepted_per_position=[0] * config.num_speculative_tokens)
         self._indexes: dict[int, NgramIndex] = {}
@@ -116,7 +108,7 @@ class Speculator:
             method=self.config.method,
             num_speculative_tokens=self.config.num_speculative_tokens,
             cost=self.cost,
-            per_draft_s=self.per_draft_s,
+            prices=self.prices.as_dict(),
             drafts=stats.drafts,
             draft_tokens=stats.draft_tokens,
             accepted_tokens=stats.accepted_tokens,
@@ -126,10 +118,7 @@ class Speculator:
 
     def priced(self, rows: int) -> DraftCost:
         """The cost a step of `rows` decoding rows plans its drafts at."""
-        if not self.calibrate:
-            return self.cost
-        decode_s = self._decode_s.get(rows, self.cost.decode_s(rows))
-        return replace(self.cost, base_s=decode_s, per_row_s=0.0, per_draft_s=self.per_draft_s)
+        return self.prices.cost(rows) if self.calibrate else self.cost
 
     def observe_time(self, out: SchedulerOutput, seconds: float) -> None:
         """A step took `seconds` from its forward to its sampled tokens. Only decode and verify
@@ -138,16 +127,8 @@ class Speculator:
             len(i.chunk.token_ids) > 1 + len(i.draft) for i in out.scheduled
         ):
             return
-        rows, drafts = len(out.scheduled), sum(len(item.draft) for item in out.scheduled)
-        if drafts:
-            plain_s = self._decode_s.get(rows, self.cost.decode_s(rows)) + self.cost.switch_s
-            sample = max(0.0, seconds - plain_s) / drafts
-            self.per_draft_s += SMOOTHING * (sample - self.per_draft_s)
-        else:
-            self._decode_s[rows] = seconds + (1 - SMOOTHING) * (
-                self._decode_s.get(rows, seconds) - seconds
-            )
-            self.per_draft_s += DRIFT * (self.cost.per_draft_s - self.per_draft_s)
+        drafts = sum(len(item.draft) for item in out.scheduled)
+        self.prices.observe(len(out.scheduled), drafts, seconds)
 
     def observe_step(self, accepted: dict[int, int], proposed: dict[int, int]) -> None:
         """A verify step's outcome: per verify row's seq_id, its accepted draft tokens."""
