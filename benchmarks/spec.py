@@ -201,6 +201,9 @@ def run_model(name: str, gguf: Path, peer: Peer | None, threads: int, args) -> l
                 "ours_tok_s": med["ours"],
                 "ours_spec_tok_s": med["ours+spec"],
                 "spec_gain": med["ours+spec"] / med["ours"],
+                # each round's pair, run back to back, then the median: a shared machine's
+                # slow minutes slow both sides of a pair
+                "spec_gain_paired": _paired(results, workload, concurrency, "ours+spec", "ours"),
                 "ours_acceptance": _rate(runs),
                 "identical": f"{same}/{total}",
             }
@@ -212,9 +215,17 @@ def run_model(name: str, gguf: Path, peer: Peer | None, threads: int, args) -> l
                     llama_spec_gain=med["llama.cpp+spec"] / med["llama.cpp"],
                     llama_acceptance=_rate(lspec),
                     vs_llama_spec=med["ours+spec"] / med["llama.cpp+spec"],
+                    vs_llama_spec_paired=_paired(
+                        results, workload, concurrency, "ours+spec", "llama.cpp+spec"
+                    ),
                 )
             rows.append(row)
     return rows
+
+
+def _paired(results: dict, workload: str, concurrency: int, top: str, bottom: str) -> float:
+    ups, downs = results[(workload, top, concurrency)], results[(workload, bottom, concurrency)]
+    return statistics.median(u["tok_s"] / d["tok_s"] for u, d in zip(ups, downs, strict=True))
 
 
 def _rate(runs: list[dict]) -> float:
