@@ -5,7 +5,6 @@ in-process. /health says what is served; answers are the same alone, batched and
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -33,16 +32,22 @@ async def complete(client: AsyncTestClient, prompt: str, **fields: Any) -> dict[
     return response.json()
 
 
-async def test_a_mixed_gguf_is_served_in_its_own_types(tiny_mixed_gguf: Path) -> None:
-    config = EngineConfig(
-        model=str(tiny_mixed_gguf),
+def served_config(gguf: Path, **fields: Any) -> EngineConfig:
+    """The server's defaults for the file, in a small pool."""
+    return EngineConfig(
+        model=str(gguf),
         quantize="auto",
         dtype="auto",
         prefill_budget="auto",
         max_model_len=128,
         max_batch=4,
         kv_budget_bytes=8 << 20,
+        **fields,
     )
+
+
+async def test_a_mixed_gguf_is_served_in_its_own_types(tiny_mixed_gguf: Path) -> None:
+    config = served_config(tiny_mixed_gguf)
     async with fake_server(factory=build_async_engine, engine=config) as (client, server):
         assert server.engine is not None, server.boot_error
         health = (await client.get("/health")).json()
@@ -71,19 +76,10 @@ async def test_a_mixed_gguf_is_served_in_its_own_types(tiny_mixed_gguf: Path) ->
 async def test_speculation_is_served_and_changes_no_greedy_answer(tiny_mixed_gguf: Path) -> None:
     """The same file with prompt lookup on: the same greedy text for prompts that quote
     themselves, the speculator's counters on /health and /metrics, and no block left held."""
-    base = EngineConfig(
-        model=str(tiny_mixed_gguf),
-        quantize="auto",
-        dtype="auto",
-        prefill_budget="auto",
-        max_model_len=128,
-        max_batch=4,
-        kv_budget_bytes=8 << 20,
-    )
     prompts = ["abc abc abc abc", "the cat the cat the cat", "1 2 3 1 2 3 1 2", "xyz"]
     answers = {}
     for speculative in (None, SpeculativeConfig(num_speculative_tokens=4)):
-        config = dataclasses.replace(base, speculative=speculative)
+        config = served_config(tiny_mixed_gguf, speculative=speculative)
         async with fake_server(factory=build_async_engine, engine=config) as (client, server):
             assert server.engine is not None, server.boot_error
             together = await asyncio.gather(*(complete(client, p, max_tokens=24) for p in prompts))
