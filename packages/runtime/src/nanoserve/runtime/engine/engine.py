@@ -27,6 +27,7 @@ from nanoserve.runtime.decode.warmup import (
     WarmupReport,
     record_warm_list,
 )
+from nanoserve.runtime.engine import verify
 from nanoserve.runtime.engine.block_manager import BlockManager, PrefixCacheStats
 from nanoserve.runtime.engine.engine_status import EngineStatus, snapshot
 from nanoserve.runtime.engine.kv_events import KVEvent
@@ -38,13 +39,7 @@ from nanoserve.runtime.engine.sampling_params import SamplingParams
 from nanoserve.runtime.engine.scheduler import Scheduler, SchedulerOutput
 from nanoserve.runtime.engine.sequence import Delta, Sequence, Status
 from nanoserve.runtime.engine.spec_timing import build_speculator
-from nanoserve.runtime.engine.verify import (
-    RowGroup,
-    accepted_drafts,
-    append_kept,
-    group_rows,
-    sample_rows,
-)
+from nanoserve.runtime.engine.verify import RowGroup, accepted_drafts, append_kept
 from nanoserve.runtime.engine_config import EngineConfig, EngineConfigError, ResolvedConfig
 from nanoserve.runtime.model.kv_pool import KVPool
 from nanoserve.runtime.model.llama import LlamaModel
@@ -245,9 +240,9 @@ class Engine:
     def _sample(
         self, out: SchedulerOutput, logits: torch.Tensor
     ) -> tuple[list[RowGroup], SampleResult]:
-        groups = group_rows(self.scheduler.seqs_of(out), out.scheduled)
+        groups = verify.group_rows(self.scheduler.seqs_of(out), out.scheduled)
         mask = self._step_mask(groups)
-        result = sample(logits, sample_rows(groups), self.generator, mask)
+        result = sample(logits, verify.sample_rows(groups), self.generator, mask)
         self.num_steps += 1
         return groups, result
 
