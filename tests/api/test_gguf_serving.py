@@ -13,6 +13,7 @@ import pytest
 from litestar.testing import AsyncTestClient
 
 from nanoserve.api.engine_client import build_async_engine
+from nanoserve.core.draft_budget import DraftCost
 from nanoserve.runtime.engine.speculative_config import SpeculativeConfig
 from nanoserve.runtime.engine_config import EngineConfig
 from tests.api.fake_server import fake_server
@@ -92,3 +93,32 @@ async def test_speculation_is_served_and_changes_no_greedy_answer(tiny_mixed_ggu
     assert health["speculation"]["num_speculative_tokens"] == 4
     assert health["speculation"]["cost"]["per_draft_s"] > 0
     assert "nanoserve:spec_decode_num_draft_tokens_total" in metrics
+
+
+async def test_a_draft_model_is_served_and_changes_no_greedy_answer(tiny_mixed_gguf: Path) -> None:
+    """The file drafting for itself (`--draft-model` of the same GGUF), priced free so that
+    every row drafts: the same greedy text as without, every draft accepted, the draft's pool
+    on /health and empty after."""
+    prompts = ["hello world", "the quick brown fox", "def main():", "naïve café"]
+    answers = {}
+    for speculative in (None, SpeculativeConfig.draft(str(tiny_mixed_gguf))):
+        config = served_config(tiny_mixed_gguf, speculative=speculative)
+        async with fake_server(factory=build_async_engine, engine=config) as (client, server):
+            assert server.engine is not None, server.boot_error
+            if (speculator := server.engine.engine.speculator) is not None:
+                assert speculator.cost.propose_s > 0  # the boot timed the draft's forward
+                speculator.cost = DraftCost(
+                    base_s=1.0, per_row_s=0.0, switch_s=0.0, per_draft_s=0.0
+                )
+                speculator.calibrate = False
+            together = await asyncio.gather(*(complete(client, p, max_tokens=24) for p in prompts))
+            answers[speculative is not None] = [r["choices"][0]["text"] for r in together]
+            health = (await client.get("/health")).json()
+            assert server.engine.status().blocks_in_use == 0
+            server.engine.engine.check_blocks()  # the draft's pool too: idle, so empty
+    assert answers[True] == answers[False]
+    spec = health["speculation"]
+    assert spec["method"] == "draft_model" and spec["num_speculative_tokens"] == 5
+    assert spec["proposer"].startswith("draft model mixed.gguf (gguf nanoserve/")
+    assert "its K/V pool" in spec["proposer"]
+    assert spec["accepted_tokens"] == spec["draft_tokens"] > 20

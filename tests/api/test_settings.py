@@ -80,8 +80,40 @@ def test_a_bad_speculative_config_is_one_line_and_exit_2(
     assert exited.value.code == 2  # argparse's usage error
     err = capsys.readouterr().err.splitlines()
     assert err[-1].endswith(
-        "argument --speculative-config: speculative method must be one of ngram, got 'eagle'"
+        "argument --speculative-config: speculative method must be one of ngram, draft_model,"
+        " got 'eagle'"
     )
+
+
+def test_a_draft_model_from_its_flag_or_the_json() -> None:
+    draft = SpeculativeConfig(method="draft_model", model="d.gguf", num_speculative_tokens=5)
+    assert settings("--draft-model", "d.gguf").engine.speculative == draft
+    assert ServerSettings.from_env({"NANOSERVE_DRAFT_MODEL": "d.gguf"}).engine.speculative == draft
+    json_flag = '{"model": "d.gguf", "num_speculative_tokens": 3}'  # a model: draft_model
+    three = SpeculativeConfig(method="draft_model", model="d.gguf", num_speculative_tokens=3)
+    assert settings("--speculative-config", json_flag).engine.speculative == three
+    both = settings("--speculative-config", json_flag, "--draft-model", "d.gguf")
+    assert both.engine.speculative == three
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (
+            ("--speculative-config", "ngram", "--draft-model", "d.gguf"),
+            "--draft-model d.gguf contradicts --speculative-config's ngram",
+        ),
+        (
+            ("--speculative-config", '{"model": "e.gguf"}', "--draft-model", "d.gguf"),
+            "--draft-model d.gguf contradicts --speculative-config's draft_model e.gguf",
+        ),
+    ],
+)
+def test_a_draft_model_that_contradicts_the_config_is_one_line(
+    argv: tuple[str, ...], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["serve", *argv, "--port", "1"]) == EXIT_FAILED
+    assert capsys.readouterr().err == f"nanoserve: {message}\n"
 
 
 def test_the_environment_is_parsed_in_one_place() -> None:

@@ -164,7 +164,7 @@ def tiny_engine_builder(
     `num_blocks` sizes `kv_budget_bytes` to exactly that many blocks; `dtype=torch.bfloat16`
     and `quantize="q4"` (nanoserve's CPU kernels) change the forms; `mixed=True` serves the
     tiny GGUF of every weight type (`tiny_mixed_gguf`, quantize "gguf") instead. Prefer
-    `make_tiny_engine`.
+    `make_tiny_engine`. `draft=` a LlamaModel is speculative method draft_model's draft.
     """
     from nanoserve.runtime.engine.engine import Engine
     from nanoserve.runtime.engine_config import EngineConfig
@@ -200,8 +200,14 @@ def tiny_engine_builder(
             max_positions=config["max_model_len"],
             quantize=config.get("quantize"),
         )
+        draft = config.pop("draft", None)
         return Engine.from_config(
-            model, ck.tokenizer, EngineConfig(**config), chat_template=template, name="tiny"
+            model,
+            ck.tokenizer,
+            EngineConfig(**config),
+            chat_template=template,
+            name="tiny",
+            draft=draft,
         )
 
     return build

@@ -126,7 +126,16 @@ OPTIONS: tuple[Option, ...] = (
         SpeculativeConfig.parse,
         "speculative decoding: ngram (prompt lookup), off (the default), or vLLM's JSON"
         ' \'{"method": "ngram", "num_speculative_tokens": 8, "prompt_lookup_max": 4,'
-        ' "prompt_lookup_min": 2}\'; greedy output is unchanged by it',
+        ' "prompt_lookup_min": 2}\' or \'{"method": "draft_model", "model": PATH,'
+        ' "num_speculative_tokens": 5}\'; greedy output is unchanged by it',
+    ),
+    Option(
+        "--draft-model",
+        "draft_model",
+        str,
+        "speculative decoding by a draft model with the target's tokenizer: a directory, a GGUF"
+        " file, or embedded (SmolLM2-135M, for SmolLM2 targets); --speculative-config's"
+        ' {"method": "draft_model", "model": PATH} in short',
     ),
     Option("--seed", "seed", int, "seed for unseeded sampling"),
     Option("--served-model-name", "served_model_name", str, "the `model` clients send"),
@@ -173,6 +182,7 @@ OPTIONS: tuple[Option, ...] = (
     ),
 )
 _SERVER_FIELDS = {
+    "draft_model",
     "api_key",
     "max_body_bytes",
     "grace_seconds",
@@ -203,7 +213,15 @@ class ServerSettings:
                 raise EngineConfigError(
                     f"--capture means --decode-mode recorded; --decode-mode {mode} contradicts it"
                 )
-        server = {k: v for k, v in values.items() if k in _SERVER_FIELDS and k != "capture"}
+        if (draft := values.get("draft_model")) is not None:
+            spec = engine_fields.get("speculative")
+            engine_fields["speculative"] = (
+                spec.with_draft_model(str(draft))
+                if isinstance(spec, SpeculativeConfig)
+                else SpeculativeConfig.draft(str(draft))
+            )
+        own = ("capture", "draft_model")
+        server = {k: v for k, v in values.items() if k in _SERVER_FIELDS and k not in own}
         return cls(engine=EngineConfig(**engine_fields), **server)  # type: ignore[arg-type]
 
     @classmethod

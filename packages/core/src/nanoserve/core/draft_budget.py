@@ -3,7 +3,9 @@
 A verify row feeds its last token and k proposed ones; the target's tokens are compared with
 the proposal, and the row keeps the matching prefix plus one token of the target's own. If each
 proposed token is accepted with probability `alpha` once the ones before it were, the j-th
-draft token adds alpha**j expected tokens, and costs `per_draft_s` more step time. A step of R
+draft token adds alpha**j expected tokens, and costs `per_draft_s` more step time, plus
+`propose_s` to propose where proposing is work (a draft model's forward; prompt lookup's is
+free). A step of R
 decoding rows costs `base_s + per_row_s * R`; any draft at all turns it from a decode step into
 a verify step, which costs `switch_s` more (another attention kernel, a host plan per chunk).
 
@@ -39,9 +41,10 @@ class DraftCost:
     per_row_s: float  # each decoding row
     switch_s: float  # a verify step's extra cost over a decode step of the same rows
     per_draft_s: float  # each draft token verified
+    propose_s: float = 0.0  # each draft token proposed (a draft model's forward per token)
 
     def __post_init__(self) -> None:
-        for name in ("base_s", "per_row_s", "switch_s", "per_draft_s"):
+        for name in ("base_s", "per_row_s", "switch_s", "per_draft_s", "propose_s"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value >= 0):
                 raise DraftBudgetError(
@@ -52,6 +55,11 @@ class DraftCost:
 
     def decode_s(self, rows: int) -> float:
         return self.base_s + self.per_row_s * rows
+
+    @property
+    def token_s(self) -> float:
+        """What one draft token adds to a step: its proposal and its verify."""
+        return self.per_draft_s + self.propose_s
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,10 +126,10 @@ def plan_drafts(
     )
     chosen: dict[int, int] = {}
     for gain, _, seq_id in marginal[: max(0, max_tokens)]:
-        if gain * seconds <= (1 + margin) * tokens * cost.per_draft_s:  # gain/cost vs rate
+        if gain * seconds <= (1 + margin) * tokens * cost.token_s:  # gain/cost vs rate
             break
         tokens += gain
-        seconds += cost.per_draft_s
+        seconds += cost.token_s
         chosen[seq_id] = chosen.get(seq_id, 0) + 1
     if tokens / seconds <= (1 + margin) * rows / plain_s:  # the verify step does not pay
         return {}

@@ -18,6 +18,7 @@ from pathlib import Path
 from nanoserve.core import Shape
 from nanoserve.core.draft_budget import DraftCost
 from nanoserve.runtime.decode.warmup import WarmEstimate, WarmPlan, WarmupReport, check_cancelled
+from nanoserve.runtime.engine.draft_model import DraftModel, draft_path, load_draft_model
 from nanoserve.runtime.engine.engine import Engine
 from nanoserve.runtime.engine.faults import FaultPlan, FaultyEngine
 from nanoserve.runtime.engine.sampling_params import SamplingParams
@@ -107,6 +108,10 @@ def _build_engine(
     if fallbacks := model.weight_fallbacks:
         say(f"weights without a kernel of their own: {fallbacks}")
     check_cancelled(cancel, "after loading the weights")
+    draft = None
+    if (spec := resolved.speculative) is not None and spec.model is not None:
+        say(f"loading the draft model {draft_path(spec.model)}")
+        draft = load_draft_model(spec.model, resolved, checkpoint.tokenizer)
     name = config.served_model_name or (
         Path(config.model).name if config.model else "SmolLM2-135M-Instruct"
     )
@@ -118,6 +123,7 @@ def _build_engine(
         chat_template=chat_template,
         name=name,
         boot_started=started,
+        draft=draft,
     )
     if (budget := engine.prefill_budget) is not None and budget.per_token_s:
         say(
@@ -130,6 +136,7 @@ def _build_engine(
             " decode step to come)"
         )
     if engine.speculator is not None:
+        say(f"speculation by {engine.speculator.proposer.describe()}")
         say(spec_line(engine.speculator.cost, resolved.max_batch))
     say(
         f"planned K/V pool: {engine.pool_plan.num_blocks} blocks of {resolved.block_size}"
@@ -200,11 +207,13 @@ def spec_line(cost: DraftCost, max_batch: int) -> str:
     """What a draft token costs, and the acceptance from which one pays, alone and at load."""
 
     def pays_from(rows: int) -> str:
-        rate = rows * (cost.switch_s + cost.per_draft_s) / cost.decode_s(rows)
+        rate = rows * (cost.switch_s + cost.token_s) / cost.decode_s(rows)
         return f"{rate:.2f}" if rate < 1 else "never"
 
+    proposing = f" (+{cost.propose_s * 1e3:.2f} ms to propose)" if cost.propose_s else ""
     return (
-        f"speculation: a draft token measured at {cost.per_draft_s * 1e3:.2f} ms, a verify step"
+        f"speculation: a draft token measured at {cost.per_draft_s * 1e3:.2f} ms{proposing},"
+        " a verify step"
         f" +{cost.switch_s * 1e3:.2f} ms over a decode step of {cost.decode_s(1) * 1e3:.1f} ms;"
         f" one draft token pays from acceptance {pays_from(1)} at 1 row,"
         f" {pays_from(max_batch)} at {max_batch}"
@@ -223,8 +232,11 @@ def boot_line(engine: Engine, seconds: float) -> str:
         *([f"weights=[{types}]"] if (types := engine.runner.model.weight_types) else []),
         f"kv_blocks={plan.num_blocks}x{plan.block_size}",
     ]
-    if (spec := engine.config.speculative) is not None:
-        parts.append(f"speculative={spec.method}(k<={spec.num_speculative_tokens})")
+    if (speculator := engine.speculator) is not None:
+        parts.append(f"speculative={speculator.config.label}")
+        if isinstance(draft := speculator.proposer, DraftModel):
+            pool = draft.pool.plan
+            parts.append(f"draft={draft.name} draft_kv_blocks={pool.num_blocks}x{pool.block_size}")
     if engine.warm_report is not None:
         report = engine.warm_report
         estimated = report.estimate.seconds

@@ -46,7 +46,7 @@ from nanoserve.runtime.model.llama import LlamaModel
 from nanoserve.runtime.model.memory import keep_freed_memory
 from nanoserve.runtime.structured.grammar_compiler import GrammarCompiler
 from nanoserve.runtime.structured.grammar_spec import GrammarSpec
-from nanoserve.runtime.structured.token_masks import StepMask, TokenMasks
+from nanoserve.runtime.structured.token_masks import TokenMasks
 from nanoserve.runtime.text.chat_template import ChatTemplate
 from nanoserve.runtime.text.tokenizer import IncrementalDetokenizer, Tokenizer
 
@@ -64,9 +64,10 @@ class Engine:
         chat_template: ChatTemplate | None = None,
         name: str = "model",
         boot_started: float | None = None,
+        draft: LlamaModel | None = None,
     ) -> None:
-        """boot_started: time.perf_counter() when the boot began (before loading), so that
-        `mark_ready` can say how long the whole boot took."""
+        """boot_started: perf_counter() when the boot began, for `mark_ready`'s seconds; draft:
+        speculative method draft_model's draft (its tokenizer the target's: build.py checks)."""
         self.model = model
         self.tokenizer = tokenizer
         self.config = config
@@ -91,8 +92,8 @@ class Engine:
             config.block_size,
             enable_prefix_cache=config.enable_prefix_cache,
         )
-        self.prefill_budget = resolve_prefill_budget(model, config)
-        self.speculator = build_speculator(model, config, self.prefill_budget)
+        budget = self.prefill_budget = resolve_prefill_budget(model, config)
+        self.speculator = build_speculator(model, config, budget, self.pool_plan, draft)
         self.scheduler = Scheduler(
             self.blocks,
             max_batch=config.max_batch,
@@ -241,16 +242,12 @@ class Engine:
         self, out: SchedulerOutput, logits: torch.Tensor
     ) -> tuple[list[RowGroup], SampleResult]:
         groups = verify.group_rows(self.scheduler.seqs_of(out), out.scheduled)
-        mask = self._step_mask(groups)
+        # The grammar masks of the constrained rows (one row each: never a verify row)
+        grammars = [(g.first, g.seq.grammar) for g in groups if g.seq.grammar is not None]
+        mask = self.token_masks.fill(grammars)
         result = sample(logits, verify.sample_rows(groups), self.generator, mask)
         self.num_steps += 1
         return groups, result
-
-    def _step_mask(self, groups: list[RowGroup]) -> StepMask | None:
-        """The grammar masks of this step's constrained rows (one each: never a verify row)."""
-        return self.token_masks.fill(
-            [(g.first, g.seq.grammar) for g in groups if g.seq.grammar is not None]
-        )
 
     def _commit(
         self, out: SchedulerOutput, groups: list[RowGroup], result: SampleResult
@@ -390,6 +387,8 @@ class Engine:
 
     def check_blocks(self) -> None:
         self.blocks.check(idle=not self.has_unfinished)
+        if self.speculator is not None:  # a draft model's pool too
+            self.speculator.check_blocks(idle=not self.has_unfinished)
 
     def status(self) -> EngineStatus:
         return snapshot(self)

@@ -10,7 +10,9 @@ match is always an earlier occurrence.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Sequence as Seq
+
+from nanoserve.runtime.engine.sequence import Sequence
 
 
 class NgramIndex:
@@ -22,7 +24,7 @@ class NgramIndex:
         self._ends: dict[tuple[int, ...], int] = {}  # n-gram -> the position just past it
         self._indexed = 0  # n-grams ending before this position are in _ends
 
-    def propose(self, tokens: Sequence[int], limit: int) -> tuple[int, ...]:
+    def propose(self, tokens: Seq[int], limit: int) -> tuple[int, ...]:
         """Up to `limit` tokens that followed the last earlier occurrence of tokens' longest
         matching suffix; () when no suffix of min_n or more occurred before."""
         length = len(tokens)
@@ -35,10 +37,41 @@ class NgramIndex:
                 return tuple(tokens[end : min(end + limit, length)])
         return ()
 
-    def _index_until(self, tokens: Sequence[int], stop: int) -> None:
+    def _index_until(self, tokens: Seq[int], stop: int) -> None:
         """Index the n-grams whose ends lie in [_indexed, stop): an occurrence's end is the
         position after it, where its continuation starts (the suffix itself ends at stop)."""
         for end in range(max(self._indexed, 1), stop):
             for n in range(self.min_n, min(self.max_n, end) + 1):
                 self._ends[tuple(tokens[end - n : end])] = end
         self._indexed = max(self._indexed, stop)
+
+
+class PromptLookup:
+    """The Speculator's proposer for method "ngram" (speculator.Proposer): one NgramIndex per
+    sequence. A lookup is free, so the proposals come first and the pricing takes from them."""
+
+    priced_first = False
+
+    def __init__(self, min_n: int, max_n: int) -> None:
+        self.min_n = min_n
+        self.max_n = max_n
+        self._indexes: dict[int, NgramIndex] = {}
+
+    def propose(self, wants: Seq[tuple[Sequence, int]]) -> dict[int, tuple[int, ...]]:
+        proposals = {}
+        for seq, limit in wants:
+            index = self._indexes.get(seq.seq_id)
+            if index is None:
+                index = self._indexes[seq.seq_id] = NgramIndex(self.min_n, self.max_n)
+            if proposal := index.propose(seq.token_ids(), limit):
+                proposals[seq.seq_id] = proposal
+        return proposals
+
+    def forget(self, seq_id: int) -> None:
+        self._indexes.pop(seq_id, None)
+
+    def check_blocks(self, idle: bool) -> None:
+        """Prompt lookup holds no K/V: nothing to check."""
+
+    def describe(self) -> str:
+        return f"prompt lookup of {self.min_n}..{self.max_n}-grams"

@@ -5,19 +5,23 @@ turn (on prefill_timing.py's scratch pool of one block): a decode step of one ro
 `max_batch` rows (the prefill budget's own, reused when it measured them), a verify chunk of one
 token, and one of 1 + k tokens with logits at every position, as a verify row computes them. The output
 projection per position is part of a draft token's price: on a 150k vocabulary it is a third
-of a small model's arithmetic per token.
+of a small model's arithmetic per token. With a draft model, a fifth: its decode step of one
+row, what proposing one token costs.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
 from nanoserve.core import DecodePlan, KVPoolPlan, PrefillBudget, PrefillPlan
 from nanoserve.core.draft_budget import DraftCost
+from nanoserve.runtime.engine.draft_model import DraftModel
 from nanoserve.runtime.engine.prefill_timing import padding_decode, padding_prefill
+from nanoserve.runtime.engine.speculative_config import SpeculativeConfigError
 from nanoserve.runtime.engine.speculator import Speculator
 from nanoserve.runtime.engine_config import ResolvedConfig
 from nanoserve.runtime.model.kv_pool import KVPool
@@ -27,19 +31,24 @@ ROUNDS = 5
 
 
 def measure_draft_cost(
-    model: LlamaModel, *, drafts: int, max_batch: int, budget: PrefillBudget | None = None
+    model: LlamaModel,
+    *,
+    drafts: int,
+    max_batch: int,
+    budget: PrefillBudget | None = None,
+    draft: LlamaModel | None = None,
 ) -> DraftCost:
-    cfg = model.config
-    plan = KVPoolPlan(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, model.kv_dtype, 1, 1)
-    pool = KVPool(plan, model.device)
-    sink, device = pool.plan.sink_slot, model.device
+    sink, device = 1, model.device  # one scratch block of one slot: the sink is slot 1
 
-    def run(plan: DecodePlan | PrefillPlan) -> Callable[[], object]:
+    def run(plan: DecodePlan | PrefillPlan, on: LlamaModel = model) -> Callable[[], object]:
         # A verify chunk's logits at every position, as a verify row computes them
         rows = slice(0, plan.num_tokens) if isinstance(plan, PrefillPlan) else None
+        cfg = on.config
+        pool_plan = KVPoolPlan(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, on.kv_dtype, 1, 1)
+        pool = KVPool(pool_plan, device)
 
         def forward() -> None:
-            model.forward(plan, pool.empty_rows(), rows)
+            on.forward(plan, pool.empty_rows(), rows)
             if device.type == "cuda":  # the host clock must wait for the device's work
                 torch.cuda.synchronize(device)
 
@@ -54,6 +63,8 @@ def measure_draft_cost(
     reuse = budget is not None and budget.per_token_s > 0
     if not reuse:
         runs["rows"] = run(padding_decode(rows, sink, device))
+    if draft is not None:
+        runs["draft_row"] = run(padding_decode(1, sink, device), draft)
     best = fastest_interleaved(runs)
     if budget is not None and reuse:
         base_s, per_row_s = budget.base_s, budget.per_row_s
@@ -66,6 +77,7 @@ def measure_draft_cost(
         per_row_s=per_row_s,
         switch_s=max(0.0, chunk_one_s - one_row_s),
         per_draft_s=max(0.0, (chunk_s - chunk_one_s) / drafts),
+        propose_s=best.get("draft_row", 0.0),
     )
 
 
@@ -85,13 +97,37 @@ def fastest_interleaved(runs: dict[str, Callable[[], object]]) -> dict[str, floa
 
 
 def build_speculator(
-    model: LlamaModel, config: ResolvedConfig, budget: PrefillBudget | None
+    model: LlamaModel,
+    config: ResolvedConfig,
+    budget: PrefillBudget | None,
+    pool_plan: KVPoolPlan,
+    draft: LlamaModel | None = None,
 ) -> Speculator | None:
-    """The config's speculation, priced on this model (None: speculation is off)."""
+    """The config's speculation, priced on this model (None: speculation is off). A draft
+    model's pool holds the target pool's positions and each row's draft."""
     spec = config.speculative
     if spec is None:
         return None
+    if (spec.method == "draft_model") != (draft is not None):
+        raise SpeculativeConfigError(
+            f"speculative method {spec.method} "
+            + ("needs a draft model" if draft is None else "takes no draft model")
+        )
     cost = measure_draft_cost(
-        model, drafts=spec.num_speculative_tokens, max_batch=config.max_batch, budget=budget
+        model,
+        drafts=spec.num_speculative_tokens,
+        max_batch=config.max_batch,
+        budget=budget,
+        draft=draft,
     )
-    return Speculator(spec, cost, config.max_model_len, config.max_batch)
+    proposer = None
+    if draft is not None:
+        proposer = DraftModel.with_pool(
+            draft,
+            slots=pool_plan.num_slots + config.max_batch * spec.num_speculative_tokens,
+            block_size=pool_plan.block_size,
+            max_len=config.max_model_len,
+            vocab=model.config.vocab_size,
+            name=Path(spec.model or "draft").name,
+        )
+    return Speculator(spec, cost, config.max_model_len, config.max_batch, proposer)

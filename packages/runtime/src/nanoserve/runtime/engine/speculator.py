@@ -1,7 +1,9 @@
 """Speculator: the proposals of a step's decoding rows, and what became of them.
 
-Each row's proposal comes from its own n-gram index (prompt lookup); which rows verify how many
-of their proposed tokens is priced by `plan_drafts` with each sequence's own acceptance record.
+Proposals come from a Proposer: prompt lookup (ngram_index.PromptLookup), free, so each row's
+proposal is found first and priced after; or a draft model (draft_model.DraftModel), k
+forwards for k tokens, so the rows are priced first and the draft proposes what they take.
+Which rows verify how many tokens is `plan_drafts`, with each sequence's acceptance record.
 
 The price is the boot's timing at first, then what the engine's own steps say (StepPrices).
 Counters feed /metrics.
@@ -9,15 +11,34 @@ Counters feed /metrics.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence as Seq
 from dataclasses import asdict, dataclass, field
+from typing import Protocol
 
 from nanoserve.core.draft_budget import Acceptance, DraftCandidate, DraftCost, plan_drafts
-from nanoserve.runtime.engine.ngram_index import NgramIndex
+from nanoserve.runtime.engine.ngram_index import PromptLookup
 from nanoserve.runtime.engine.scheduler import SchedulerOutput
 from nanoserve.runtime.engine.sequence import Sequence
 from nanoserve.runtime.engine.speculative_config import SpeculativeConfig
 from nanoserve.runtime.engine.step_prices import StepPrices
+
+
+class Proposer(Protocol):
+    """Where proposals come from. `propose` gives each (sequence, count) at most count tokens
+    (or none); `forget` drops a finished sequence's state; `check_blocks` checks what K/V it
+    holds (none left when idle)."""
+
+    @property
+    def priced_first(self) -> bool: ...  # True: proposing costs work; price, then propose
+
+    def propose(self, wants: Seq[tuple[Sequence, int]]) -> dict[int, tuple[int, ...]]: ...
+
+    def forget(self, seq_id: int) -> None: ...
+
+    def check_blocks(self, idle: bool) -> None: ...
+
+    def describe(self) -> str: ...
 
 
 @dataclass(slots=True)
@@ -41,6 +62,7 @@ class SpecCounts:
     """A snapshot of a Speculator, as /health and /metrics read it."""
 
     method: str
+    proposer: str  # what proposes: the n-grams, or the draft model and its pool
     num_speculative_tokens: int
     cost: DraftCost  # what the boot measured
     prices: dict[str, object]  # what the steps say: the decode step's line, draft_s by bucket
@@ -60,44 +82,61 @@ class SpecCounts:
 
 class Speculator:
     def __init__(
-        self, config: SpeculativeConfig, cost: DraftCost, max_model_len: int, max_rows: int = 32
+        self,
+        config: SpeculativeConfig,
+        cost: DraftCost,
+        max_model_len: int,
+        max_rows: int = 32,
+        proposer: Proposer | None = None,
     ) -> None:
+        """proposer: None is prompt lookup by config's n-gram sizes."""
         self.config = config
+        self.proposer: Proposer = proposer or PromptLookup(
+            config.prompt_lookup_min, config.prompt_lookup_max
+        )
         self.cost = cost  # the boot's measurement
         self.calibrate = True  # follow the steps' times (off: price at `cost`, as tests do)
         self.prices = StepPrices(cost, max_rows)
         self.max_model_len = max_model_len
         self.stats = SpecStats(accepted_per_position=[0] * config.num_speculative_tokens)
-        self._indexes: dict[int, NgramIndex] = {}
         self._acceptance: dict[int, Acceptance] = {}
 
     def drafts(self, rows: Seq[Sequence], budget: int) -> dict[int, tuple[int, ...]]:
         """Draft tokens for some of `rows` (the step's decoding rows), at most `budget` in all."""
         if budget < 1 or not rows:
             return {}
-        proposals: dict[int, tuple[int, ...]] = {}
-        candidates = []
+        wants = []
         for seq in rows:
             room = min(
                 self.config.num_speculative_tokens,
                 seq.params.max_tokens - len(seq.output_ids) - 1,  # the target adds one more
                 self.max_model_len - seq.num_tokens,
             )
-            if room < 1:
-                continue
-            proposal = self._index(seq.seq_id).propose(seq.token_ids(), room)
-            if proposal:
-                proposals[seq.seq_id] = proposal
-                rate = self._acceptance.get(seq.seq_id, Acceptance()).rate
-                candidates.append(DraftCandidate(seq.seq_id, rate, len(proposal)))
+            if room >= 1:
+                wants.append((seq, room))
+        free = not self.proposer.priced_first
+        proposals = self.proposer.propose(wants) if free else {}
+        candidates = [
+            DraftCandidate(seq.seq_id, self._record(seq.seq_id).rate, longest)
+            for seq, room in wants
+            if (longest := len(proposals.get(seq.seq_id, ())) if free else room)
+        ]
         if not candidates:
             return {}
         chosen = plan_drafts(self.priced(len(rows)), len(rows), candidates, budget)
         for candidate in candidates:
             if candidate.seq_id not in chosen:
-                record = self._acceptance.get(candidate.seq_id, Acceptance())
-                self._acceptance[candidate.seq_id] = record.toward_prior()
-        return {seq_id: proposals[seq_id][:count] for seq_id, count in chosen.items()}
+                self._acceptance[candidate.seq_id] = self._record(candidate.seq_id).toward_prior()
+        if free:
+            return {seq_id: proposals[seq_id][:count] for seq_id, count in chosen.items()}
+        started = time.perf_counter()
+        proposals = self.proposer.propose(
+            [(seq, chosen[seq.seq_id]) for seq, _ in wants if seq.seq_id in chosen]
+        )
+        if self.calibrate:
+            spent = time.perf_counter() - started
+            self.prices.observe_proposal(len(chosen), sum(chosen.values()), spent)
+        return proposals
 
     def reset_counters(self) -> None:
         self.stats = SpecStats(accepted_per_position=[0] * self.config.num_speculative_tokens)
@@ -106,6 +145,7 @@ class Speculator:
         stats = self.stats
         return SpecCounts(
             method=self.config.method,
+            proposer=self.proposer.describe(),
             num_speculative_tokens=self.config.num_speculative_tokens,
             cost=self.cost,
             prices=self.prices.as_dict(),
@@ -137,8 +177,7 @@ class Speculator:
             self.observe(seq_id, proposed[seq_id], count)
 
     def observe(self, seq_id: int, proposed: int, accepted: int) -> None:
-        record = self._acceptance.get(seq_id, Acceptance())
-        self._acceptance[seq_id] = record.after(proposed, accepted)
+        self._acceptance[seq_id] = self._record(seq_id).after(proposed, accepted)
         stats = self.stats
         stats.drafts += 1
         stats.draft_tokens += proposed
@@ -147,13 +186,12 @@ class Speculator:
             stats.accepted_per_position[position] += 1
 
     def forget(self, seq_id: int) -> None:
-        """The sequence finished: its index and record go with it."""
-        self._indexes.pop(seq_id, None)
+        """The sequence finished: its proposer state and its record go with it."""
+        self.proposer.forget(seq_id)
         self._acceptance.pop(seq_id, None)
 
-    def _index(self, seq_id: int) -> NgramIndex:
-        index = self._indexes.get(seq_id)
-        if index is None:
-            index = NgramIndex(self.config.prompt_lookup_min, self.config.prompt_lookup_max)
-            self._indexes[seq_id] = index
-        return index
+    def check_blocks(self, idle: bool) -> None:
+        self.proposer.check_blocks(idle)
+
+    def _record(self, seq_id: int) -> Acceptance:
+        return self._acceptance.get(seq_id) or Acceptance()

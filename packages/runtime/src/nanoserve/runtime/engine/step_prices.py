@@ -15,7 +15,10 @@ boot's figures are taken where they lose. So the prices follow the steps:
   a verify step took beyond the decode step of its rows (and the boot's switch), per draft
   token, moved into the bucket's price by SMOOTHING, from a start at the boot's draft token or
   row, the dearer. While no verify runs, each bucket drifts back towards that start, so a price
-  that rose under load is tried again once the load is gone.
+  that rose under load is tried again once the load is gone;
+- a proposed token (a draft model's; prompt lookup's cost nothing), by the bucket of the rows
+  drafting: the proposer's seconds over the tokens it proposed, moved in by SMOOTHING from the
+  boot's draft-model forward of one row.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ class StepPrices:
         self._prior = [(1.0, boot.decode_s(1)), (float(max(2, max_rows)), boot.decode_s(max_rows))]
         self._sums = [0.0] * 5  # decayed sums of w, w*r, w*r*r, w*t, w*r*t over decode steps
         self._draft_s: dict[int, float] = {}  # by row bucket
+        self._propose_s: dict[int, float] = {}  # by the bucket of the rows drafting
 
     def decode_s(self, rows: int) -> float:
         base, per_row = self.line()
@@ -63,6 +67,9 @@ class StepPrices:
     def draft_s(self, rows: int) -> float:
         return self._draft_s.get(row_bucket(rows), self.prior_draft_s)
 
+    def propose_s(self, rows: int) -> float:
+        return self._propose_s.get(row_bucket(rows), self.boot.propose_s)
+
     def cost(self, rows: int) -> DraftCost:
         """The cost a step of `rows` decoding rows plans its drafts at."""
         return DraftCost(
@@ -70,7 +77,17 @@ class StepPrices:
             per_row_s=0.0,
             switch_s=self.boot.switch_s,
             per_draft_s=self.draft_s(rows),
+            propose_s=self.propose_s(rows),
         )
+
+    def observe_proposal(self, rows: int, tokens: int, seconds: float) -> None:
+        """A proposer took `seconds` for `tokens` tokens over `rows` drafting rows."""
+        if rows < 1 or tokens < 1:
+            return
+        key = row_bucket(rows)
+        old = self._propose_s.get(key, self.boot.propose_s)
+        sample = seconds / tokens if not old else min(seconds / tokens, 4 * old)
+        self._propose_s[key] = old + SMOOTHING * (sample - old) if old else sample
 
     def observe(self, rows: int, drafts: int, seconds: float) -> None:
         """A decode step of `rows` rows, with `drafts` draft tokens (a verify step) or none,
@@ -93,4 +110,9 @@ class StepPrices:
 
     def as_dict(self) -> dict[str, object]:
         base, per_row = self.line()
-        return {"decode_base_s": base, "decode_per_row_s": per_row, "draft_s": self._draft_s}
+        return {
+            "decode_base_s": base,
+            "decode_per_row_s": per_row,
+            "draft_s": self._draft_s,
+            "propose_s": self._propose_s,
+        }
