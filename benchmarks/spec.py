@@ -2,11 +2,14 @@
 
     python -m benchmarks.spec [--models smollm2-135m,qwen2.5-coder-0.5b] [--levels 1,4,32]
                               [--rounds 3] [--max-tokens 128]
+    python -m benchmarks.spec --models qwen2.5-coder-1.5b --draft qwen2.5-coder-0.5b
 
 Four servers per model, all up at once and run one at a time, alternating the order per round:
 nanoserve without speculation, nanoserve `--speculative-config ngram`, llama-server without
 and llama-server with its prompt lookup (`--spec-type ngram-simple`, lookup n-gram 3, drafts
-up to 8, as ours). Two workloads of chat requests, greedy:
+up to 8, as ours). With `--draft`, the two that speculate do so with that model of the set as
+the draft instead: nanoserve `--draft-model`, llama-server `-md` (both drafting up to 5
+tokens, greedy). Two workloads of chat requests, greedy:
 
 - repeat-heavy: a Python function from the standard library (a distinct one per request) and
   the instruction to write it out again with a new name and a docstring: most of the answer
@@ -124,14 +127,18 @@ def spec_counters(url: str) -> tuple[float, float]:
     return values["spec_decode_num_draft_tokens"], values["spec_decode_num_accepted_tokens"]
 
 
-def start_llama(peer: Peer, gguf: Path, threads: int, spec: bool) -> tuple[subprocess.Popen, str]:
+def start_llama(
+    peer: Peer, gguf: Path, threads: int, spec: bool, draft: Path | None = None
+) -> tuple[subprocess.Popen, str]:
     port = free_port()
     command = [
         peer.binary("llama-server"), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port),
         "-t", str(threads), "-tb", str(threads), "-c", str(CONTEXT), "-np", "32", "-kvu",
         "--no-webui", "--jinja",
     ]  # fmt: skip
-    if spec:
+    if spec and draft is not None:
+        command += ["-md", str(draft), "--spec-draft-n-max", "5", "-td", str(threads)]
+    elif spec:
         command += [
             "--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", "3",
             "--spec-ngram-simple-size-m", "8", "--spec-draft-n-max", "8",
@@ -143,18 +150,21 @@ def start_llama(peer: Peer, gguf: Path, threads: int, spec: bool) -> tuple[subpr
     return process, url
 
 
-def run_model(name: str, gguf: Path, peer: Peer | None, threads: int, args) -> list[dict]:
+def run_model(
+    name: str, gguf: Path, peer: Peer | None, threads: int, args, draft: Path | None = None
+) -> list[dict]:
     budget = kv_budget_for(gguf, CONTEXT)
     flags = [str(gguf), "--max-batch", "32", "--max-model-len", "2048", "--kv-budget", str(budget)]
+    spec = ["--draft-model", str(draft)] if draft else ["--speculative-config", "ngram"]
     processes, servers = [], {}
     try:
-        for who, extra in (("ours", []), ("ours+spec", ["--speculative-config", "ngram"])):
+        for who, extra in (("ours", []), ("ours+spec", spec)):
             process, url, _ = start_server(flags + extra)
             processes.append(process)
             servers[who] = url
         if peer is not None:
             for who, spec in (("llama.cpp", False), ("llama.cpp+spec", True)):
-                process, url = start_llama(peer, gguf, threads, spec)
+                process, url = start_llama(peer, gguf, threads, spec, draft)
                 processes.append(process)
                 servers[who] = url
         levels = [int(c) for c in args.levels.split(",")]
@@ -196,6 +206,7 @@ def run_model(name: str, gguf: Path, peer: Peer | None, threads: int, args) -> l
             total = sum(len(r["texts"]) for r in runs)
             row = {
                 "model": name,
+                "speculation": f"draft {draft.name}" if draft else "ngram",
                 "workload": workload,
                 "streams": concurrency,
                 "ours_tok_s": med["ours"],
@@ -243,16 +254,18 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--no-peer", action="store_true")
+    parser.add_argument("--draft", help="a model of the set to draft with (default: ngram)")
     args = parser.parse_args()
     threads = pin_threads()
     print(cpu_line())
+    draft = served_models(args.draft)[0].path if args.draft else None
     all_rows = []
     for bench in served_models(args.models):
         peer = None if args.no_peer else find_peer(bench.path)
-        rows = run_model(bench.name, bench.path, peer, threads, args)
+        rows = run_model(bench.name, bench.path, peer, threads, args, draft)
         print(table(rows, f"speculation, {bench.name}: median of {args.rounds} rounds"))
         all_rows += rows
-    print("wrote", write_csv("spec.csv", all_rows))
+    print("wrote", write_csv("spec-draft.csv" if draft else "spec.csv", all_rows))
 
 
 if __name__ == "__main__":

@@ -49,6 +49,19 @@ def test_a_verify_step_must_pay_for_its_switch() -> None:
     assert plan_drafts(DraftCost(0.010, 0.001, 0.010, 0.001), 1, candidate, 64) == {}
 
 
+def test_a_proposal_that_costs_work_is_priced_with_the_verify() -> None:
+    candidate = [DraftCandidate(7, 0.9, 8)]
+    # a draft model's 3 ms a token (4 ms with its verify): 1 + 0.9 + ... + 0.9^4 = 4.10 tokens
+    # / 27 ms beats 1 / 11 ms; a fifth, worth 0.59 for 4 ms, is below 1.05x 4.10 / 27 ms
+    cost = DraftCost(0.010, 0.001, 0.0, 0.001, propose_s=0.003)
+    assert cost.token_s == 0.004
+    assert plan_drafts(cost, 1, candidate, 64) == {7: 4}
+    assert plan_drafts(DraftCost(0.010, 0.001, 0.0, 0.001), 1, candidate, 64) == {7: 8}
+    # a draft as dear as the target's own step never pays, even accepted nearly always
+    dear = DraftCost(0.010, 0.001, 0.0, 0.001, propose_s=0.011)
+    assert plan_drafts(dear, 1, [DraftCandidate(7, 0.99, 8)], 64) == {}
+
+
 @given(
     rows=st.integers(1, 64),
     costs=st.tuples(*[st.floats(0.0, 0.05) for _ in range(4)]),

@@ -274,3 +274,14 @@ def test_a_draft_that_costs_a_target_step_is_never_run(make_tiny_engine, twin) -
     serve(engine, [Request(tuple(PROMPT), 20)])
     assert engine.speculator.stats.draft_tokens == 0
     assert engine.speculator.proposer._tables == {}
+
+
+def test_only_a_steady_proposal_may_price_a_token(fp32) -> None:
+    """Catching a prompt up is a request's one-off cost: the Speculator learns no price then."""
+    draft = draft_of(fp32)
+    prompt = [3 + i % 200 for i in range(40)]
+    draft.propose([(Seq(0, prompt), 4)])
+    assert not draft.steady  # 40 tokens caught up
+    grown = prompt + list(draft.propose([(Seq(0, prompt), 4)])[0][:2]) + [9]
+    draft.propose([(Seq(0, grown), 4)])
+    assert draft.steady  # the last token, and the drafts the verify kept: 4 tokens

@@ -59,5 +59,19 @@ def test_a_verify_step_prices_its_bucket_beyond_the_decode_step() -> None:
     assert prices.draft_s(3) == pytest.approx(before + DRIFT * (0.001 - before))
 
 
+def test_a_proposers_seconds_price_its_tokens_by_bucket() -> None:
+    boot = DraftCost(0.010, 0.001, 0.0005, 0.0008, propose_s=0.004)
+    prices = StepPrices(boot, max_rows=32)
+    assert prices.propose_s(1) == 0.004 and prices.cost(1).propose_s == 0.004
+    prices.observe_proposal(1, 5, 0.030)  # 6 ms a token
+    assert prices.propose_s(1) == pytest.approx(0.004 + SMOOTHING * 0.002)
+    prices.observe_proposal(3, 12, 0.024)  # 3 rows of 4 tokens, 2 ms a token
+    assert prices.propose_s(4) == pytest.approx(0.004 - SMOOTHING * 0.002)
+    assert prices.propose_s(2) == 0.004  # no proposal seen at 2 rows: the boot's
+    prices.observe_proposal(1, 5, 10.0)  # a stall counts at most 4x the price
+    assert prices.propose_s(1) == pytest.approx(0.0045 + SMOOTHING * 3 * 0.0045)
+    assert prices.as_dict()["propose_s"] == {1: prices.propose_s(1), 4: prices.propose_s(4)}
+
+
 def test_row_buckets() -> None:
     assert [row_bucket(n) for n in (1, 2, 3, 4, 5, 8, 9, 32, 33)] == [1, 2, 4, 4, 8, 8, 16, 32, 64]

@@ -47,6 +47,9 @@ from nanoserve.runtime.model.llama import LlamaModel
 from nanoserve.runtime.model.weight_forms import auto_quantize
 from nanoserve.runtime.text.tokenizer import Tokenizer
 
+# A verify keeps at most k drafts and adds one token: beyond this, a catch-up is a prompt's
+STEADY_CATCH_UP = 16
+
 
 class DraftVocabularyError(NanoserveError, ValueError):
     """The draft's tokenizer is not the target's: its token ids would mean other tokens."""
@@ -114,6 +117,9 @@ class DraftModel:
         self.vocab = vocab
         self._tables: OrderedDict[int, BlockTable] = OrderedDict()  # least recently used first
         self._fed: dict[int, list[int]] = {}  # the tokens of each table's K/V, from position 0
+        # The last proposal caught no row up by more than a verify's worth of tokens (a
+        # prompt's catch-up is the request's one-off cost: not a price per token)
+        self.steady = True
 
     @classmethod
     def with_pool(
@@ -134,6 +140,7 @@ class DraftModel:
         rows = [row for seq, count in wants if (row := self._row(seq, count, wants)) is not None]
         if not rows:
             return {}
+        self.steady = all(len(r.tokens) - r.keep <= STEADY_CATCH_UP for r in rows)
         with torch.inference_mode():
             self._catch_up(rows)
             for step in range(1, max(row.want for row in rows)):

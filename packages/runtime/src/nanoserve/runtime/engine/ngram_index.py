@@ -51,6 +51,7 @@ class PromptLookup:
     sequence. A lookup is free, so the proposals come first and the pricing takes from them."""
 
     priced_first = False
+    steady = True  # never timed: a lookup costs nothing
 
     def __init__(self, min_n: int, max_n: int) -> None:
         self.min_n = min_n

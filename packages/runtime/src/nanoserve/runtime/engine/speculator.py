@@ -32,6 +32,9 @@ class Proposer(Protocol):
     @property
     def priced_first(self) -> bool: ...  # True: proposing costs work; price, then propose
 
+    @property
+    def steady(self) -> bool: ...  # the last proposal's time was a token's, no catching up
+
     def propose(self, wants: Seq[tuple[Sequence, int]]) -> dict[int, tuple[int, ...]]: ...
 
     def forget(self, seq_id: int) -> None: ...
@@ -133,7 +136,7 @@ class Speculator:
         proposals = self.proposer.propose(
             [(seq, chosen[seq.seq_id]) for seq, _ in wants if seq.seq_id in chosen]
         )
-        if self.calibrate:
+        if self.calibrate and self.proposer.steady:
             spent = time.perf_counter() - started
             self.prices.observe_proposal(len(chosen), sum(chosen.values()), spent)
         return proposals

@@ -18,7 +18,9 @@ boot's figures are taken where they lose. So the prices follow the steps:
   that rose under load is tried again once the load is gone;
 - a proposed token (a draft model's; prompt lookup's cost nothing), by the bucket of the rows
   drafting: the proposer's seconds over the tokens it proposed, moved in by SMOOTHING from the
-  boot's draft-model forward of one row.
+  boot's draft-model forward of one row, and drifting back to it like the draft token's. Only a
+  proposal in the steady state counts: one that first caught the draft up on a prompt is a
+  request's one-off cost, not a token's.
 """
 
 from __future__ import annotations
@@ -107,6 +109,8 @@ class StepPrices:
             self._sums[i] += value
         for key, price in self._draft_s.items():
             self._draft_s[key] = price + DRIFT * (self.prior_draft_s - price)
+        for key, price in self._propose_s.items():
+            self._propose_s[key] = price + DRIFT * (self.boot.propose_s - price)
 
     def as_dict(self) -> dict[str, object]:
         base, per_row = self.line()
