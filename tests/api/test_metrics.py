@@ -127,6 +127,7 @@ async def test_speculation_metrics_are_the_speculators_counters() -> None:
         accepted_tokens=18,
         accepted_per_position=(9, 6, 3),
         verify_steps=8,
+        proposer="prompt lookup of 1..3-grams",
     )
     async with fake_server(FakeEngine(status_fields={"speculation": counts})) as (client, _):
         series = engine_series((await client.get("/metrics")).text)
@@ -141,6 +142,7 @@ async def test_speculation_metrics_are_the_speculators_counters() -> None:
     per_position = "nanoserve:spec_decode_num_accepted_tokens_per_pos_total"
     assert [series[f'{per_position}{{position="{i}"}}'] for i in range(3)] == [9.0, 6.0, 3.0]
     assert health["speculation"]["acceptance_rate"] == 0.75
+    assert health["speculation"]["proposer"] == "prompt lookup of 1..3-grams"
     assert health["speculation"]["cost"]["per_draft_s"] == 0.002
     assert health["speculation"]["prices"] == {"decode_s": {"1": 0.021}, "draft_s": {"1": 0.003}}
 
