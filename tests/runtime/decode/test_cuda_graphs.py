@@ -88,8 +88,9 @@ def test_cuda_moved_buffer_refuses_replay(tiny_llama_dir: Path) -> None:
 
 def test_cuda_staging_is_rewritten_only_after_its_copy_landed() -> None:
     """The pinned staging feeds an asynchronous copy: an event recorded after the copy, and
-    waited on before the staging is rewritten, keeps the next step from overwriting values the
-    device has not read yet (with the stream busy, the copy is still queued when load returns)."""
+    waited on before the staging is rewritten, keeps the next step (or the next chunk of this
+    one) from overwriting values the device has not read yet. With the stream busy, a one-chunk
+    load returns with its copy still queued; a load of several chunks waits between them."""
     from nanoserve.core import BlockTable, DecodeSeq, Shape
     from nanoserve.runtime.decode.decode_inputs import DecodeInputs
 
@@ -100,10 +101,14 @@ def test_cuda_staging_is_rewritten_only_after_its_copy_landed() -> None:
 
     inputs = DecodeInputs(2, 16, 99, torch.device("cuda"), capacity=4)
     assert inputs.copied is not None
-    torch.cuda._sleep(200_000_000)  # the stream busy for a while ahead of the copy
-    inputs.load([DecodeSeq(1, 41, 9, table_of(0, 1, 2))], Shape(1, 16))  # 3 chunks
+    torch.cuda._sleep(1_000_000_000)  # the stream busy (~0.5 s) ahead of the copy
+    inputs.load([DecodeSeq(1, 41, 2, table_of(0, 1, 2))], Shape(1, 16))  # 3 entries: 1 chunk
     assert not inputs.copied.query(), "the event must be recorded behind the copy"
+    torch.cuda._sleep(1_000_000_000)
+    # 8 new entries (positions 3..10): 2 chunks, the second rewriting the staging the first
+    # was copied out of, behind a busy stream.
     plan = inputs.load([DecodeSeq(1, 42, 10, table_of(0, 1, 2))], Shape(1, 16))
     torch.cuda.synchronize()
+    assert inputs.num_copies == 3
     assert plan.input_ids.tolist() == [42] and plan.positions.tolist() == [10]
     assert plan.slot_rect[0, :11].tolist() == list(range(11))
