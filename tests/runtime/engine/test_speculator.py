@@ -84,3 +84,45 @@ def test_rejections_stop_a_row_proposing_and_are_counted(make_seq) -> None:
     assert counts.verify_steps == 3
     spec.forget(seq.seq_id)
     assert spec.drafts([seq], 64) == {seq.seq_id: (13,)}  # a fresh record
+
+
+class Scripted:
+    """A proposer that costs work (priced first), proposing 20, 21, ... as asked."""
+
+    priced_first = True
+
+    def __init__(self) -> None:
+        self.asked: list[tuple[int, int]] = []
+        self.steady = True
+
+    def propose(self, wants) -> dict[int, tuple[int, ...]]:
+        self.asked += [(seq.seq_id, count) for seq, count in wants]
+        return {seq.seq_id: tuple(range(20, 20 + count)) for seq, count in wants}
+
+    def forget(self, seq_id: int) -> None:
+        pass
+
+    def check_blocks(self, idle: bool) -> None:
+        pass
+
+    def describe(self) -> str:
+        return "scripted"
+
+
+def test_a_draft_model_is_priced_before_it_proposes_from_a_trusting_prior(make_seq) -> None:
+    config = SpeculativeConfig(method="draft_model", model="d", num_speculative_tokens=4)
+    # decode 21 ms at one row; a draft token 1 ms to verify, 5 ms to propose
+    cost = DraftCost(
+        base_s=0.020, per_row_s=0.001, switch_s=0.0, per_draft_s=0.001, propose_s=0.005
+    )
+    proposer = Scripted()
+    spec = Speculator(config, cost, 128, proposer=proposer)
+    spec.calibrate = False
+    seq = make_seq([10, 11, 12], [13])
+    # the prior 4 in 5: 0.8 * 21 ms > 1.05 * 6 ms, ...; a fourth, 0.8^4 * 39 ms < 1.05 * 2.95 * 6
+    assert spec.drafts([seq], 64) == {seq.seq_id: (20, 21, 22)}
+    assert proposer.asked == [(seq.seq_id, 3)]  # asked for what the price took, no more
+    for _ in range(6):
+        spec.observe_step({seq.seq_id: 0}, {seq.seq_id: 3})  # rejected at once, six times
+    assert spec.drafts([seq], 64) == {}
+    assert proposer.asked == [(seq.seq_id, 3)]  # and not asked at all

@@ -83,10 +83,11 @@ class Acceptance:
         trials = accepted + (1 if accepted < proposed else 0)
         return Acceptance(self.accepted * decay + accepted, self.trials * decay + trials)
 
-    def toward_prior(self, weight: float = 0.95) -> Acceptance:
+    def toward_prior(self, weight: float = 0.95, prior: Acceptance | None = None) -> Acceptance:
         """A step in which this sequence had a proposal and verified none: its estimate drifts
-        back to the prior's, so a sequence that stopped proposing tries again later."""
-        prior = Acceptance()
+        back to the prior's (default: one success in two), so a sequence that stopped
+        proposing tries again later."""
+        prior = prior or Acceptance()
         return Acceptance(
             self.accepted * weight + prior.accepted * (1 - weight),
             self.trials * weight + prior.trials * (1 - weight),
