@@ -100,9 +100,17 @@ class Seq:
         return list(self.tokens)
 
 
-def draft_of(model: LlamaModel, blocks: int = 64, vocab: int = VOCAB) -> DraftModel:
+def draft_of(
+    model: LlamaModel, blocks: int = 64, vocab: int = VOCAB, catch_up: int = 512
+) -> DraftModel:
     return DraftModel.with_pool(
-        model, slots=4 * blocks, block_size=4, max_len=128, vocab=vocab, name="twin"
+        model,
+        slots=4 * blocks,
+        block_size=4,
+        max_len=128,
+        vocab=vocab,
+        name="twin",
+        catch_up=catch_up,
     )
 
 
@@ -153,7 +161,7 @@ def test_a_short_pool_frees_idle_states_least_recent_first_then_skips(fp32) -> N
     draft.check_blocks(idle=False)
     too_long = Seq(4, PROMPT * 4)  # 28 positions: more than the pool, even emptied
     assert draft.propose([(too_long, 1), (Seq(2, PROMPT), 1)]).keys() == {2}
-    assert 4 not in draft._tables and 3 not in draft._tables
+    assert list(draft._tables) == [3, 2]  # 3's state kept: freeing it would not have made room
     draft.check_blocks(idle=False)
 
 
@@ -179,6 +187,31 @@ def test_context_and_vocabulary_cut_proposals(fp32) -> None:
     assert narrow.propose([(Seq(0, PROMPT), 5)]) == (
         {0: proposal[: proposal.index(max(proposal))]} if max(proposal) != proposal[0] else {}
     )
+
+
+def test_a_long_catch_up_is_fed_over_steps_shortest_first(fp32) -> None:
+    """A step's catch-ups feed at most `catch_up` tokens, the shortest first; a row still
+    catching up proposes nothing, and proposes what a fresh draft would once current."""
+    draft = draft_of(fp32, catch_up=8)
+    prompt = [3 + i % 200 for i in range(20)]
+    short = Seq(1, PROMPT[:3])
+    assert draft.propose([(Seq(0, prompt), 3), (short, 2)]).keys() == {1}  # 3 fed, then 5
+    assert draft._fed[0] == prompt[:5] and not draft.steady
+    assert draft.propose([(Seq(0, prompt), 3)]) == {}
+    assert draft._fed[0] == prompt[:13]
+    proposal = draft.propose([(Seq(0, prompt), 3)])  # the last 7 tokens
+    assert proposal == {0: tuple(greedy_by_whole_forwards(fp32, prompt, 3))}
+    draft.check_blocks(idle=False)
+
+
+def test_a_token_past_the_drafts_embedding_gets_no_proposal(fp32) -> None:
+    """A target may have more embedding rows than its draft: such a token is never fed."""
+    draft = draft_of(fp32, vocab=VOCAB + 8)
+    assert draft.rows == VOCAB
+    assert draft.propose([(Seq(0, [*PROMPT, VOCAB + 3]), 3)]) == {}
+    assert draft._tables == {} and not draft.steady
+    assert draft.propose([(Seq(1, PROMPT), 3)]).keys() == {1}
+    draft.check_blocks(idle=False)
 
 
 def word_level(*tokens: str) -> Tokenizer:
@@ -218,6 +251,7 @@ def drafting(make: Callable[..., Engine], draft: LlamaModel, **config: object) -
 
 def test_a_twin_draft_matches_alone(make_tiny_engine, twin, alone) -> None:
     engine = drafting(make_tiny_engine, twin)
+    assert engine.speculator.proposer.pool.resident  # allocated at boot, not on a first draft
     run = serve(engine, WORKLOAD)
     assert run.trace == alone  # tokens and top-5 logprobs, bit for bit
     stats = engine.speculator.stats
@@ -285,3 +319,9 @@ def test_only_a_steady_proposal_may_price_a_token(fp32) -> None:
     grown = prompt + list(draft.propose([(Seq(0, prompt), 4)])[0][:2]) + [9]
     draft.propose([(Seq(0, grown), 4)])
     assert draft.steady  # the last token, and the drafts the verify kept: 4 tokens
+    assert draft.propose([(Seq(0, grown), 4), (Seq(1, [1] * 200), 2)]).keys() == {0}
+    assert not draft.steady  # a row dropped (past the draft's context): not what was asked
+    long = [3 + i % 200 for i in range(126)]
+    draft.propose([(Seq(3, long), 1)])  # caught up on 126 tokens
+    assert len(draft.propose([(Seq(3, [*long, 7]), 4)])[3]) == 2  # positions 126, 127 fed
+    assert not draft.steady  # cut to 2 tokens by the context

@@ -9,8 +9,11 @@ the draft's numbers never reach the output (exactness is the verify's, verify.py
 The draft's K/V is kept per sequence with the tokens it was computed from (`_fed`). The next
 proposal keeps the longest prefix those share with the sequence's tokens now, so the rejected
 tail is recomputed, the accepted drafts are not, and a row that has not drafted for a while
-just catches up with a longer chunk. Blocks go back when the sequence finishes; when the pool
-runs short, the states of sequences not drafting this step go first, least recently used.
+just catches up with a longer chunk. A step's catch-ups feed at most `catch_up` tokens in all
+(the target's step budget), the shortest first: a long prompt is fed over several steps, as the
+target chunks its prefill, and its row proposes once it is current. Blocks go back when the
+sequence finishes; when the pool runs short, the states of sequences not drafting this step go
+first, least recently used.
 
 `load_draft_model` reads the draft in its own stored form (a GGUF's blocks on the CPU kernels,
 as the target's "auto") and refuses, in one line, a draft whose tokenizer is not the target's.
@@ -96,6 +99,15 @@ class _Row:
     keep: int  # positions of the draft's K/V still valid for them
     want: int  # tokens to propose
     proposal: list[int]
+    end: int = 0  # this step feeds tokens[keep:end]; the row proposes when end is all of them
+
+    @property
+    def gap(self) -> int:
+        return len(self.tokens) - self.keep
+
+    @property
+    def proposes(self) -> bool:
+        return self.end == len(self.tokens)
 
 
 class DraftModel:
@@ -104,10 +116,18 @@ class DraftModel:
     priced_first = True  # proposing is k forwards: price first, then propose what is taken
 
     def __init__(
-        self, model: LlamaModel, pool_plan: KVPoolPlan, *, max_len: int, vocab: int, name: str
+        self,
+        model: LlamaModel,
+        pool_plan: KVPoolPlan,
+        *,
+        max_len: int,
+        vocab: int,
+        name: str,
+        catch_up: int = 512,
     ) -> None:
         """max_len: the longest context the draft computes (its own and the target's);
-        vocab: the target's vocabulary, which a proposed id must lie within."""
+        vocab: the target's vocabulary, which a proposed id must lie within; catch_up: the
+        tokens a step's catch-up chunks feed in all."""
         self.model = model
         self.name = name
         self.pool = KVPool(pool_plan, model.device)
@@ -115,6 +135,11 @@ class DraftModel:
         self.block_size = pool_plan.block_size
         self.max_len = max_len
         self.vocab = vocab
+        # The draft's embedding rows: a target may have more (padding rows past the tokenizer,
+        # a 7B Qwen's 152,064 against a 0.5B's 151,936), and a token the draft has no row for
+        # cannot be fed to it
+        self.rows = model.config.vocab_size
+        self.catch_up = catch_up
         self._tables: OrderedDict[int, BlockTable] = OrderedDict()  # least recently used first
         self._fed: dict[int, list[int]] = {}  # the tokens of each table's K/V, from position 0
         # The last proposal caught no row up by more than a verify's worth of tokens (a
@@ -123,7 +148,15 @@ class DraftModel:
 
     @classmethod
     def with_pool(
-        cls, model: LlamaModel, *, slots: int, block_size: int, max_len: int, vocab: int, name: str
+        cls,
+        model: LlamaModel,
+        *,
+        slots: int,
+        block_size: int,
+        max_len: int,
+        vocab: int,
+        name: str,
+        catch_up: int = 512,
     ) -> DraftModel:
         """A draft whose pool holds `slots` positions (the target pool's and each row's draft)."""
         cfg = model.config
@@ -132,21 +165,31 @@ class DraftModel:
             cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, model.kv_dtype, block_size, blocks
         )
         max_len = min(max_len, cfg.max_position_embeddings)
-        return cls(model, plan, max_len=max_len, vocab=vocab, name=name)
+        return cls(model, plan, max_len=max_len, vocab=vocab, name=name, catch_up=catch_up)
 
     def propose(self, wants: Seq[tuple[Sequence, int]]) -> dict[int, tuple[int, ...]]:
         """Up to `count` greedy tokens for each (sequence, count); a row the pool or the
-        draft's context cannot hold gets none."""
-        rows = [row for seq, count in wants if (row := self._row(seq, count, wants)) is not None]
+        draft's context cannot hold gets none, and so does a row still catching up."""
+        planned = [row for seq, count in wants if (row := self._plan(seq, count)) is not None]
+        rows = self._fit(planned, {seq.seq_id for seq, _ in wants})
+        # A price per token only when this step computed what was asked, as it will again: no
+        # row dropped or cut short, no prompt caught up on
+        self.steady = len(rows) == len(wants) and all(
+            row.proposes and row.want == count and row.gap <= STEADY_CATCH_UP
+            for row, (_, count) in zip(rows, wants, strict=False)
+        )
         if not rows:
             return {}
-        self.steady = all(len(r.tokens) - r.keep <= STEADY_CATCH_UP for r in rows)
+        proposing = [row for row in rows if row.proposes]
         with torch.inference_mode():
             self._catch_up(rows)
-            for step in range(1, max(row.want for row in rows)):
-                self._decode([row for row in rows if row.want > step])
+            for step in range(1, max((row.want for row in proposing), default=0)):
+                self._decode([row for row in proposing if row.want > step])
         proposals = {}
         for row in rows:
+            if not row.proposes:
+                self._fed[row.seq_id] = row.tokens[: row.end]
+                continue
             proposal = row.proposal
             if any(t >= self.vocab for t in proposal):  # padding rows of a wider embedding
                 proposal = proposal[: next(i for i, t in enumerate(proposal) if t >= self.vocab)]
@@ -181,7 +224,8 @@ class DraftModel:
 
     # -- the forwards -------------------------------------------------------------------------
 
-    def _row(self, seq: Sequence, count: int, wants: Seq[tuple[Sequence, int]]) -> _Row | None:
+    def _plan(self, seq: Sequence, count: int) -> _Row | None:
+        """What the row would feed and propose; None where the draft cannot take it."""
         tokens = seq.token_ids()
         want = min(count, self.max_len - len(tokens) + 1)  # the last proposal needs no K/V
         if want < 1:
@@ -189,32 +233,54 @@ class DraftModel:
         fed = self._fed.get(seq.seq_id, [])
         limit = min(len(fed), len(tokens) - 1)  # the last token is always fed
         keep = next((i for i in range(limit) if fed[i] != tokens[i]), limit)
-        table = self._tables.pop(seq.seq_id, None) or BlockTable(self.block_size)
-        self._tables[seq.seq_id] = table  # the most recently used now
-        needed = table.blocks_needed(len(tokens) + want - 1)
-        if not self._make_room(needed, {s.seq_id for s, _ in wants}):
-            self.forget(seq.seq_id)
+        if max(tokens[keep:]) >= self.rows:
             return None
-        table.blocks.extend(self.allocator.allocate(needed))
         return _Row(seq.seq_id, tokens, keep, want, [])
 
+    def _fit(self, planned: list[_Row], drafting: set[int]) -> list[_Row]:
+        """The rows this step feeds, the shortest catch-up first, within the step's catch-up
+        tokens and the pool, each with its blocks; in the order planned."""
+        left = self.catch_up
+        fitted = set()
+        for row in sorted(planned, key=lambda r: r.gap):
+            row.end = row.keep + min(row.gap, left)
+            if row.end == row.keep:
+                break
+            table = self._tables.pop(row.seq_id, None) or BlockTable(self.block_size)
+            self._tables[row.seq_id] = table  # the most recently used now
+            needed = table.blocks_needed(
+                len(row.tokens) + row.want - 1 if row.proposes else row.end
+            )
+            if not self._make_room(needed, drafting):
+                self.forget(row.seq_id)
+                continue
+            table.blocks.extend(self.allocator.allocate(needed))
+            left -= row.end - row.keep
+            fitted.add(row.seq_id)
+        return [row for row in planned if row.seq_id in fitted]
+
     def _make_room(self, needed: int, drafting: set[int]) -> bool:
-        """Free the states of sequences not drafting now, least recently used first."""
-        for seq_id in [s for s in self._tables if s not in drafting]:
+        """Free the states of sequences not drafting now, least recently used first, if that
+        makes room (otherwise none)."""
+        others = [s for s in self._tables if s not in drafting]
+        if self.allocator.num_free + sum(len(self._tables[s].blocks) for s in others) < needed:
+            return False
+        for seq_id in others:
             if self.allocator.num_free >= needed:
                 break
             self.forget(seq_id)
-        return self.allocator.num_free >= needed
+        return True
 
     def _catch_up(self, rows: list[_Row]) -> None:
         chunks = [
-            PrefillChunk(r.seq_id, tuple(r.tokens[r.keep :]), r.keep, self._tables[r.seq_id])
+            PrefillChunk(r.seq_id, tuple(r.tokens[r.keep : r.end]), r.keep, self._tables[r.seq_id])
             for r in rows
         ]
         plan = plan_prefill(chunks, sink_slot=self.pool.plan.sink_slot, device=self.pool.device)
         logits = self.model.forward(plan, self.pool.view(plan.seq_ids))  # [rows, vocab]
         for row, token in zip(rows, logits.argmax(dim=-1).tolist(), strict=True):
-            row.proposal.append(token)
+            if row.proposes:
+                row.proposal.append(token)
 
     def _decode(self, rows: list[_Row]) -> None:
         seqs = [

@@ -129,5 +129,9 @@ def build_speculator(
             max_len=config.max_model_len,
             vocab=model.config.vocab_size,
             name=Path(spec.model or "draft").name,
+            catch_up=config.max_num_batched_tokens,
         )
+        # Resident now, as the target's pool is after the warm-up: memory it cannot have
+        # fails the boot, not the first request that drafts
+        proposer.pool.touch()
     return Speculator(spec, cost, config.max_model_len, config.max_batch, proposer)

@@ -145,7 +145,8 @@ class Speculator:
         )
         if self.calibrate and self.proposer.steady:
             spent = time.perf_counter() - started
-            self.prices.observe_proposal(len(chosen), sum(chosen.values()), spent)
+            # Priced by the step's decoding rows, as plan_drafts looks the price up
+            self.prices.observe_proposal(len(rows), sum(chosen.values()), spent)
         return proposals
 
     def reset_counters(self) -> None:

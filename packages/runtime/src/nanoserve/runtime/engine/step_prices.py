@@ -45,7 +45,7 @@ class StepPrices:
         self._prior = [(1.0, boot.decode_s(1)), (float(max(2, max_rows)), boot.decode_s(max_rows))]
         self._sums = [0.0] * 5  # decayed sums of w, w*r, w*r*r, w*t, w*r*t over decode steps
         self._draft_s: dict[int, float] = {}  # by row bucket
-        self._propose_s: dict[int, float] = {}  # by the bucket of the rows drafting
+        self._propose_s: dict[int, float] = {}  # by the bucket of the step's decoding rows
 
     def decode_s(self, rows: int) -> float:
         base, per_row = self.line()
@@ -83,7 +83,7 @@ class StepPrices:
         )
 
     def observe_proposal(self, rows: int, tokens: int, seconds: float) -> None:
-        """A proposer took `seconds` for `tokens` tokens over `rows` drafting rows."""
+        """A proposer took `seconds` for `tokens` tokens in a step of `rows` decoding rows."""
         if rows < 1 or tokens < 1:
             return
         key = row_bucket(rows)
