@@ -37,6 +37,7 @@ from tests.runtime.engine.test_speculation import (  # noqa: F401 (the form-para
     alone,
     form,
     make_tiny_engine,
+    random_config,
     seeded,
     tiny_engine_builder,
 )
@@ -276,17 +277,8 @@ def test_a_noisy_draft_under_preemption_and_chunks_matches_alone(
 
 def test_random_configurations_with_a_draft(make_tiny_engine, twin, noisy, alone) -> None:
     rng = random.Random(11)
-    longest = max(len(r.prompt) + r.max_tokens for r in WORKLOAD)
     for _ in range(3):
-        block_size = rng.choice([1, 2, 4, 8])
-        fits_one = -(-longest // block_size)
-        config: dict[str, object] = {
-            "block_size": block_size,
-            "num_blocks": rng.randint(fits_one + 2, 3 * fits_one),
-            "max_batch": rng.randint(1, 16),
-            "max_num_batched_tokens": rng.randint(8, 48),
-            "enable_prefix_cache": rng.random() < 0.7,
-        }
+        config = random_config(rng)
         engine = drafting(make_tiny_engine, rng.choice([twin, noisy]), **config)
         assert serve(engine, WORKLOAD).trace == alone, config
 

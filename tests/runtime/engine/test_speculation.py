@@ -156,19 +156,24 @@ def test_greedy_with_speculation_and_recorded_decode(make_tiny_engine, alone) ->
     assert any(any(item.draft for item in o.scheduled) for o in run.outs)
 
 
+def random_config(rng: random.Random) -> dict[str, object]:
+    """A pool, batch and chunk geometry that still fits WORKLOAD's longest request."""
+    longest = max(len(r.prompt) + r.max_tokens for r in WORKLOAD)
+    block_size = rng.choice([1, 2, 4, 8])
+    fits_one = -(-longest // block_size)
+    return {
+        "block_size": block_size,
+        "num_blocks": rng.randint(fits_one + 2, 3 * fits_one),
+        "max_batch": rng.randint(1, 16),
+        "max_num_batched_tokens": rng.randint(8, 48),
+        "enable_prefix_cache": rng.random() < 0.7,
+    }
+
+
 def test_random_configurations_with_speculation(make_tiny_engine, alone) -> None:
     rng = random.Random(3)
-    longest = max(len(r.prompt) + r.max_tokens for r in WORKLOAD)
     for _ in range(4):
-        block_size = rng.choice([1, 2, 4, 8])
-        fits_one = -(-longest // block_size)
-        config: dict[str, object] = {
-            "block_size": block_size,
-            "num_blocks": rng.randint(fits_one + 2, 3 * fits_one),
-            "max_batch": rng.randint(1, 16),
-            "max_num_batched_tokens": rng.randint(8, 48),
-            "enable_prefix_cache": rng.random() < 0.7,
-        }
+        config = random_config(rng)
         engine = speculating(make_tiny_engine, alone if rng.random() < 0.75 else None, **config)
         assert serve(engine, WORKLOAD).trace == alone, config
         assert engine.blocks.num_in_use == 0, config
