@@ -7,7 +7,7 @@ import itertools
 import pytest
 
 from nanoserve.core import BlockTable
-from nanoserve.core.draft_budget import DraftCost
+from nanoserve.core.draft_budget import Acceptance, DraftCost
 from nanoserve.runtime.engine.sampling_params import SamplingParams
 from nanoserve.runtime.engine.sequence import Sequence
 from nanoserve.runtime.engine.speculative_config import SpeculativeConfig
@@ -90,6 +90,7 @@ class Scripted:
     """A proposer that costs work (priced first), proposing 20, 21, ... as asked."""
 
     priced_first = True
+    prior = Acceptance(4.0, 5.0)  # a draft model's
 
     def __init__(self) -> None:
         self.asked: list[tuple[int, int]] = []

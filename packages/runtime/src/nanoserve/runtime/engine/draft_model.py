@@ -39,6 +39,7 @@ from nanoserve.core import (
     plan_prefill,
 )
 from nanoserve.core.blocks import ConservationError
+from nanoserve.core.draft_budget import Acceptance
 from nanoserve.core.errors import NanoserveError
 from nanoserve.runtime.engine.sequence import Sequence
 from nanoserve.runtime.engine_config import ResolvedConfig
@@ -114,6 +115,7 @@ class DraftModel:
     """The Speculator's proposer when speculating with a draft model (speculator.Proposer)."""
 
     priced_first = True  # proposing is k forwards: price first, then propose what is taken
+    prior = Acceptance(4.0, 5.0)  # a draft is chosen to agree with its target
 
     def __init__(
         self,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence as Seq
 
+from nanoserve.core.draft_budget import Acceptance
 from nanoserve.runtime.engine.sequence import Sequence
 
 
@@ -52,6 +53,7 @@ class PromptLookup:
 
     priced_first = False
     steady = True  # never timed: a lookup costs nothing
+    prior = Acceptance()  # a text's n-grams may not recur: one success in two
 
     def __init__(self, min_n: int, max_n: int) -> None:
         self.min_n = min_n

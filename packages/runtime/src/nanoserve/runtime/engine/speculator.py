@@ -35,6 +35,9 @@ class Proposer(Protocol):
     @property
     def steady(self) -> bool: ...  # the last proposal's time was a token's, no catching up
 
+    @property
+    def prior(self) -> Acceptance: ...  # where a request's acceptance record starts
+
     def propose(self, wants: Seq[tuple[Sequence, int]]) -> dict[int, tuple[int, ...]]: ...
 
     def forget(self, seq_id: int) -> None: ...
@@ -97,11 +100,6 @@ class Speculator:
         self.proposer: Proposer = proposer or PromptLookup(
             config.prompt_lookup_min, config.prompt_lookup_max
         )
-        # Where a request's acceptance record starts, and drifts back to: a draft model is
-        # chosen to agree with its target (4 in 5), a text's n-grams may not (1 in 2)
-        self.prior = (
-            Acceptance(4.0, 5.0) if config.method == "draft_model" else Acceptance(1.0, 2.0)
-        )
         self.cost = cost  # the boot's measurement
         self.calibrate = True  # follow the steps' times (off: price at `cost`, as tests do)
         self.prices = StepPrices(cost, max_rows)
@@ -135,7 +133,7 @@ class Speculator:
         for candidate in candidates:
             if candidate.seq_id not in chosen:
                 self._acceptance[candidate.seq_id] = self._record(candidate.seq_id).toward_prior(
-                    prior=self.prior
+                    prior=self.proposer.prior
                 )
         if free:
             return {seq_id: proposals[seq_id][:count] for seq_id, count in chosen.items()}
@@ -205,4 +203,4 @@ class Speculator:
         self.proposer.check_blocks(idle)
 
     def _record(self, seq_id: int) -> Acceptance:
-        return self._acceptance.get(seq_id) or self.prior
+        return self._acceptance.get(seq_id) or self.proposer.prior
