@@ -29,6 +29,11 @@ def gpu_machine_packages() -> frozenset[str]:
 ALWAYS_THERE = gpu_machine_packages() | {"nanoserve", "tests"}
 ALL_TEST_DEPS = os.environ.get("NANOSERVE_TEST_DEPS") == "all"
 
+# In-process boots time their steps afresh: a timing remembered by an earlier run (or by the
+# developer's own server) must not decide what a test sees. tests/runtime/engine/
+# test_timing_cache.py covers the cache with folders of its own.
+os.environ["NANOSERVE_TIMING_CACHE"] = "off"
+
 
 _FIGURES = pytest.StashKey[list[str]]()
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from nanoserve.core import PrefillBudget
-from nanoserve.runtime.engine.prefill_timing import resolve_prefill_budget
+from nanoserve.runtime.engine.prefill_timing import resolve_prefill_budget, step_timings
 from nanoserve.runtime.engine_config import EngineConfig
 
 pytestmark = pytest.mark.usefixtures("single_torch_thread")
@@ -20,7 +20,11 @@ def test_auto_is_measured_and_touches_no_slot(make_tiny_engine: Any) -> None:
     engine = make_tiny_engine(mixed=True, quantize="gguf", dtype=torch.bfloat16)
     before = engine.pool.snapshot()
     config = EngineConfig(max_batch=8, max_model_len=128, prefill_budget="auto")
-    budget = resolve_prefill_budget(engine.runner.model, config.resolve(model_max_len=128))
+    resolved = config.resolve(model_max_len=128)
+    timings = step_timings(engine.runner.model, resolved)
+    assert timings is not None and timings.remembered is None  # built in memory: no file
+    assert (timings.rows, timings.tokens) == (8, 32)
+    budget = resolve_prefill_budget(resolved, timings)
     assert isinstance(budget, PrefillBudget)
     assert budget.per_token_s > 0 and budget.decode_step_s(8) > 0
     assert budget.max_rows == 8 and budget.max_tokens == config.max_num_batched_tokens
@@ -29,19 +33,15 @@ def test_auto_is_measured_and_touches_no_slot(make_tiny_engine: Any) -> None:
 
 def test_a_count_is_fixed_and_off_is_none() -> None:
     model: Any = SimpleNamespace(device=torch.device("cpu"))
-    fixed = resolve_prefill_budget(
-        model, EngineConfig(prefill_budget=24).resolve(model_max_len=128)
-    )
-    assert fixed == PrefillBudget.fixed(24, max_tokens=512)
-    assert (
-        resolve_prefill_budget(model, EngineConfig(prefill_budget="off").resolve(model_max_len=128))
-        is None
-    )
+    fixed = EngineConfig(prefill_budget=24).resolve(model_max_len=128)
+    assert step_timings(model, fixed) is None  # nothing is timed for a fixed budget
+    assert resolve_prefill_budget(fixed, None) == PrefillBudget.fixed(24, max_tokens=512)
+    off = EngineConfig(prefill_budget="off").resolve(model_max_len=128)
+    assert step_timings(model, off) is None and resolve_prefill_budget(off, None) is None
 
 
 def test_a_gpu_is_not_timed_on_a_cpus_terms() -> None:
     gpu: Any = SimpleNamespace(device=torch.device("cuda"))
-    assert (
-        resolve_prefill_budget(gpu, EngineConfig(prefill_budget="auto").resolve(model_max_len=128))
-        is None
-    )
+    auto = EngineConfig(prefill_budget="auto").resolve(model_max_len=128)
+    assert step_timings(gpu, auto) is None
+    assert resolve_prefill_budget(auto, None) is None

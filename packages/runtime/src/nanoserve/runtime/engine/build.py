@@ -22,6 +22,7 @@ from nanoserve.runtime.engine.draft_model import DraftModel, draft_path, load_dr
 from nanoserve.runtime.engine.engine import Engine
 from nanoserve.runtime.engine.faults import FaultPlan, FaultyEngine
 from nanoserve.runtime.engine.sampling_params import SamplingParams
+from nanoserve.runtime.engine.timing_cache import TOLERANCE
 from nanoserve.runtime.engine_config import EngineConfig
 from nanoserve.runtime.errors import ChatTemplateError
 from nanoserve.runtime.kernels.cpu_features import cpu_features
@@ -134,6 +135,11 @@ def _build_engine(
             f" {resolved.max_batch} (within {budget.ratio}x of the decode step), and a backlog up"
             f" to {budget.burst_tokens(1, resolved.max_batch)} (steps within {budget.burst}x the"
             " decode step to come)"
+        )
+    if (timings := engine.step_timings) is not None and timings.remembered is not None:
+        say(
+            f"prefill budget: step timings remembered from an earlier boot ({timings.remembered});"
+            f" this boot's 1-row step agreed within {TOLERANCE}x"
         )
     if engine.speculator is not None:
         say(f"speculation by {engine.speculator.proposer.describe()}")

@@ -31,7 +31,7 @@ from nanoserve.runtime.engine import verify
 from nanoserve.runtime.engine.block_manager import BlockManager, PrefixCacheStats
 from nanoserve.runtime.engine.engine_status import EngineStatus, snapshot
 from nanoserve.runtime.engine.kv_events import KVEvent
-from nanoserve.runtime.engine.prefill_timing import resolve_prefill_budget
+from nanoserve.runtime.engine.prefill_timing import resolve_prefill_budget, step_timings
 from nanoserve.runtime.engine.request_check import RequestError, check_request
 from nanoserve.runtime.engine.runner import ModelRunner
 from nanoserve.runtime.engine.sampler import SampleResult, sample
@@ -92,7 +92,8 @@ class Engine:
             config.block_size,
             enable_prefix_cache=config.enable_prefix_cache,
         )
-        budget = self.prefill_budget = resolve_prefill_budget(model, config)
+        self.step_timings = step_timings(model, config)  # "auto" on a CPU: timed or remembered
+        budget = self.prefill_budget = resolve_prefill_budget(config, self.step_timings)
         self.speculator = build_speculator(model, config, budget, self.pool_plan, draft)
         self.scheduler = Scheduler(
             self.blocks,

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -122,6 +123,7 @@ class LlamaModel:
     ) -> None:
         check_quantize(quantize)
         self.config = config
+        self.source: Path | None = None  # the weights' file or directory (from_checkpoint)
         self.quantize = quantize
         self.dtype = dtype
         self.device = resolve_device(device)
@@ -263,7 +265,9 @@ class LlamaModel:
         reads them so (q4, q8)."""
         quantize = kwargs.get("quantize")
         blocks = kept_blocks(quantize if isinstance(quantize, str) else None)
-        return cls.from_tensors(checkpoint.config, checkpoint.sources(blocks), **kwargs)
+        model = cls.from_tensors(checkpoint.config, checkpoint.sources(blocks), **kwargs)
+        model.source = checkpoint.path
+        return model
 
     @classmethod
     def empty(
