@@ -3,6 +3,7 @@ and trusted only when this boot's 1-row step agrees."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -25,12 +26,19 @@ def test_agreement_is_within_the_tolerance_either_way() -> None:
     assert not TIMINGS.agrees(0.0501) and not TIMINGS.agrees(0.0319)
 
 
+def test_two_boots_remember_the_faster_of_each() -> None:
+    later = StepTimings(one_row_s=0.05, rows=8, rows_s=0.18, tokens=32, tokens_s=0.3)
+    merged = later.fastest_with(TIMINGS)
+    assert merged == StepTimings(0.04, 8, 0.18, 32, 0.25, boots=2)
+    assert merged.trusted and not TIMINGS.trusted
+
+
 def test_a_stored_timing_reads_back_under_its_key_only(tmp_path: Path) -> None:
     cache = TimingCache(tmp_path / "timings")
     assert cache.load(KEY) is None
     cache.store(KEY, TIMINGS)
     path = cache.path(KEY)
-    assert cache.load(KEY) == StepTimings(0.04, 8, 0.2, 32, 0.25, remembered=path)
+    assert cache.load(KEY) == dataclasses.replace(TIMINGS, remembered=path)
     assert cache.load({**KEY, "shapes": [16, 32]}) is None
     assert [p.name for p in (tmp_path / "timings").iterdir()] == [path.name]  # no temp left
 
@@ -113,14 +121,18 @@ def test_a_later_boot_times_one_step_and_trusts_the_rest_only_if_it_agrees(
 
     first, calls = boot(0.04, 0.2, 0.25)
     assert (first, calls) == (TIMINGS, 3)
-    path = cache.path(timing_key(model, 8, 32) or {})
-    second, calls = boot(0.045)  # within 1.25x: the other two are not run
-    assert (second, calls) == (StepTimings(0.04, 8, 0.2, 32, 0.25, remembered=path), 1)
-    third, calls = boot(0.08, 0.4, 0.5)  # twice as slow: all timed again, and remembered
-    assert (third, calls) == (StepTimings(0.08, 8, 0.4, 32, 0.5), 3)
-    assert cache.load(timing_key(model, 8, 32) or {}) == StepTimings(0.08, 8, 0.4, 32, 0.5, path)
-    fourth, calls = boot(0.079)
-    assert (fourth.remembered, calls) == (path, 1)
+    key = timing_key(model, 8, 32) or {}
+    path = cache.path(key)
+    second, calls = boot(0.045, 0.22, 0.24)  # one boot is not trusted: timed again
+    assert (second, calls) == (StepTimings(0.04, 8, 0.2, 32, 0.24, boots=2), 3)
+    third, calls = boot(0.049)  # two are, within 1.25x: the other shapes are not run
+    assert (third, calls) == (dataclasses.replace(second, remembered=path), 1)
+    fourth, calls = boot(0.08, 0.4, 0.5)  # twice as slow: timed again, the file started over
+    assert (fourth, calls) == (StepTimings(0.08, 8, 0.4, 32, 0.5), 3)
+    assert cache.load(key) == dataclasses.replace(fourth, remembered=path)
+    fifth, calls = boot(0.079, 0.41, 0.45)
+    assert (fifth, calls) == (StepTimings(0.079, 8, 0.4, 32, 0.45, boots=2), 3)
+    assert boot(0.09)[1] == 1
     monkeypatch.setattr(prefill_timing, "fastest", FakeClock(0.04, 0.1, 0.25))
     other_rows = time_steps(
         model, max_batch=4, max_tokens=512, block_size=16, max_positions=128, cache=cache

@@ -9,9 +9,9 @@ a 1.5B's boot. Every token of them writes the sink slot and reads only it, on a 
 one block, so the measurement touches nothing a request will read. Decode rows see no context
 here, so the decode step is priced a little low, and the budget errs towards shorter chunks.
 
-A later boot of the same file on the same machine times the 1-row step only, and where it
-agrees with the one remembered (timing_cache.py) takes the other two as they were: ~0.1 s of a
-1.5B's boot instead of ~1.1 s.
+Once two boots of the same file on the same machine have timed all three (timing_cache.py), a
+later boot times the 1-row step only, and where it agrees with the one remembered takes the
+other two as remembered: ~0.1 s of a 1.5B's boot instead of ~1.1 s.
 """
 
 from __future__ import annotations
@@ -77,10 +77,11 @@ def time_steps(
 
     one_row_s = fastest(forward(padding_decode(1, sink, model.device)))
     key = timing_key(model, rows, chunk)
-    if cache is not None and key is not None:
-        remembered = cache.load(key)
-        if remembered is not None and remembered.agrees(one_row_s):
-            return remembered
+    remembered = cache.load(key) if cache is not None and key is not None else None
+    if remembered is not None and not remembered.agrees(one_row_s):
+        remembered = None  # the machine is not as it was: start over
+    if remembered is not None and remembered.trusted:
+        return remembered
     timings = StepTimings(
         one_row_s=one_row_s,
         rows=rows,
@@ -88,6 +89,8 @@ def time_steps(
         tokens=chunk,
         tokens_s=fastest(forward(padding_prefill(chunk, sink, model.device)), warm=False),
     )
+    if remembered is not None:
+        timings = timings.fastest_with(remembered)
     if cache is not None and key is not None:
         cache.store(key, timings)
     return timings

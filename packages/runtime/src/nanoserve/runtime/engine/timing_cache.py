@@ -6,11 +6,13 @@ weights, in the same forms, on the same CPU, kernels and threads, timing the sam
 them back: one small JSON file per key in $NANOSERVE_TIMING_CACHE (else
 $XDG_CACHE_HOME/nanoserve/timings, beside the kernel builds; "off": nothing is remembered).
 
-A remembered timing is checked before it is trusted (prefill_timing.py): the boot still times
-the cheapest of the three, the 1-row decode step, and only within `TOLERANCE` of the remembered
-one are the others taken as they were; otherwise the machine is not as it was (busier, freer, a
-governor the key cannot see) and all three are timed again, replacing the file. A file that
-cannot be read or written is the same as none: the boot times, and says nothing.
+A remembered timing is trusted only when two boots have timed all three (each boot's the
+fastest of its runs, the file the fastest of both: interference only ever adds time, and one
+boot's bad moment must not price every later boot), and only after a check: the boot still
+times the cheapest of the three, the 1-row decode step, and unless it is within `TOLERANCE` of
+the remembered one the machine is not as it was (busier, freer, a governor the key cannot see)
+and all three are timed again, starting the file over. A file that cannot be read or written is
+the same as none: the boot times, and says nothing.
 """
 
 from __future__ import annotations
@@ -26,7 +28,8 @@ from pathlib import Path
 from nanoserve.runtime.loading.convert import default_cache_dir
 
 TOLERANCE = 1.25  # a re-timed 1-row step within 1/1.25x-1.25x of the remembered one: trusted
-_VERSION = 1  # of the file's layout
+TRUSTED_AFTER = 2  # boots that timed every shape before a later boot skips them
+_VERSION = 2  # of the file's layout
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,11 +42,27 @@ class StepTimings:
     rows_s: float
     tokens: int
     tokens_s: float
+    boots: int = 1  # how many boots' timings these are the fastest of
     remembered: Path | None = None  # the file they were read from; None: timed at this boot
 
     def agrees(self, one_row_s: float) -> bool:
         """Whether a 1-row step just timed says the machine is as it was when these were."""
         return self.one_row_s / TOLERANCE <= one_row_s <= self.one_row_s * TOLERANCE
+
+    @property
+    def trusted(self) -> bool:
+        return self.boots >= TRUSTED_AFTER
+
+    def fastest_with(self, earlier: StepTimings) -> StepTimings:
+        """These and an earlier boot's of the same shapes, each the faster of the two."""
+        return StepTimings(
+            one_row_s=min(self.one_row_s, earlier.one_row_s),
+            rows=self.rows,
+            rows_s=min(self.rows_s, earlier.rows_s),
+            tokens=self.tokens,
+            tokens_s=min(self.tokens_s, earlier.tokens_s),
+            boots=self.boots + earlier.boots,
+        )
 
 
 @dataclass(frozen=True, slots=True)
