@@ -96,9 +96,11 @@ class FakeClock:
     def __init__(self, *seconds: float) -> None:
         self.seconds = list(seconds)
         self.calls = 0
+        self.runs: list[int] = []
 
-    def __call__(self, run: Any, *, warm: bool = True) -> float:
+    def __call__(self, run: Any, *, warm: bool = True, runs: int = 2) -> float:
         self.calls += 1
+        self.runs.append(runs)
         return self.seconds.pop(0)
 
 
@@ -133,8 +135,14 @@ def test_a_later_boot_times_one_step_and_trusts_the_rest_only_if_it_agrees(
     fifth, calls = boot(0.079, 0.41, 0.45)
     assert (fifth, calls) == (StepTimings(0.079, 8, 0.4, 32, 0.45, boots=2), 3)
     assert boot(0.09)[1] == 1
-    monkeypatch.setattr(prefill_timing, "fastest", FakeClock(0.04, 0.1, 0.25))
+    clock = FakeClock(0.04, 0.1, 0.25)
+    monkeypatch.setattr(prefill_timing, "fastest", clock)
     other_rows = time_steps(
         model, max_batch=4, max_tokens=512, block_size=16, max_positions=128, cache=cache
     )
     assert other_rows == StepTimings(0.04, 4, 0.1, 32, 0.25)  # another shape, another key
+    assert clock.runs == [2, 1, 1]  # remembered: the wide shapes once a boot
+    clock = FakeClock(0.04, 0.1, 0.25)
+    monkeypatch.setattr(prefill_timing, "fastest", clock)
+    time_steps(model, max_batch=4, max_tokens=512, block_size=16, max_positions=128, cache=None)
+    assert clock.runs == [2, 2, 2]  # nothing remembered: each the faster of two runs
