@@ -4,13 +4,17 @@ here: this is the check that the fake-engine tests test the real surface.)"""
 
 from __future__ import annotations
 
+import gc
 import inspect
+import threading
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from nanoserve.api.engine_client import DeltaStream, EngineClient, TokenCodec
+from nanoserve.api.engine_client import DeltaStream, EngineClient, TokenCodec, build_async_engine
 from nanoserve.runtime.engine.async_engine import AsyncEngine, RequestStream
+from nanoserve.runtime.engine_config import EngineConfig
 from nanoserve.runtime.text.tokenizer import Tokenizer
 from tests.api.fake_engine import FakeEngine, FakeStream, FakeTokenizer
 
@@ -59,3 +63,17 @@ def test_implementations_honour_the_protocol(
         extra = inspect.signature(theirs).parameters.values()
         optional = [p for p in list(extra)[len(ours) + 1 :] if p.kind not in (p.VAR_KEYWORD,)]
         assert all(p.default is not p.empty for p in optional), name
+
+
+@pytest.mark.anyio
+async def test_the_real_engine_freezes_its_boot_heap_and_thaws_it_at_shutdown(
+    tiny_model_dir: Path,
+) -> None:
+    config = EngineConfig(model=str(tiny_model_dir), max_model_len=64, kv_budget_bytes=4 << 20)
+    engine = build_async_engine(config, lambda line: None, threading.Event())
+    try:
+        assert gc.get_freeze_count() > 0  # the boot's objects: no full collection rescans them
+    finally:
+        await engine.start()
+        await engine.shutdown(0)
+    assert gc.get_freeze_count() == 0

@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 from nanoserve.runtime.engine.async_engine import AsyncEngine
-from nanoserve.runtime.engine.build import build_engine
+from nanoserve.runtime.engine.build import build_engine, freeze_boot_heap
 from nanoserve.runtime.engine.engine_status import EngineStatus
 from nanoserve.runtime.engine.kv_events import KVEvent
 from nanoserve.runtime.engine.request_times import RequestTimes
@@ -128,7 +128,8 @@ class EngineFactory(Protocol):
 def build_async_engine(
     config: EngineConfig, say: Callable[[str], None], cancel: threading.Event
 ) -> EngineClient:
-    """The real engine: load, plan, warm (honouring cancel), then wrap it for the event loop."""
-    return AsyncEngine(
-        build_engine(config, say=say, cancel=cancel), step_timeout=config.step_timeout
-    )
+    """The real engine: load, plan, warm (honouring cancel), freeze what the boot made (no full
+    collection rescans it while serving), then wrap it for the event loop."""
+    engine = build_engine(config, say=say, cancel=cancel)
+    freeze_boot_heap()
+    return AsyncEngine(engine, step_timeout=config.step_timeout)

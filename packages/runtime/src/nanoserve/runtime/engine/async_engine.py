@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import time
 from collections import deque
@@ -182,6 +183,7 @@ class AsyncEngine:
                 await self._task
         self._step_thread.shutdown(wait=False)
         self.engine.destroy()  # the loop is stopped: no step reads the recordings any more
+        gc.unfreeze()  # what the boot froze (build.freeze_boot_heap) is collectable again
 
     def attach_kv_events(self, sink: Callable[[list[KVEvent]], object]) -> None:
         """Before start(): each step's KV-cache events go to sink, on the step thread."""

@@ -71,6 +71,16 @@ def gc_paused() -> Iterator[None]:
             gc.enable()
 
 
+def freeze_boot_heap() -> None:
+    """For a server, once its engine is built: collect once, then move every object alive into
+    the collector's permanent generation (gc.freeze; vLLM does the same after its boot). The
+    imports', the model's and the tokenizer's objects (216k on Qwen2.5-0.5B's server) are then
+    never rescanned, where each full collection while serving held a step up for ~94 ms; with
+    them frozen one takes ~0.3 ms. `AsyncEngine.shutdown` gives them back (gc.unfreeze)."""
+    gc.collect()
+    gc.freeze()
+
+
 def build_engine(
     config: EngineConfig,
     *,
