@@ -76,7 +76,10 @@ async def one_request(
 async def level(
     url: str, concurrency: int, requests: int, prompt_len: int, max_tokens: int, seed: int
 ) -> dict[str, object]:
-    rng = random.Random(seed)
+    # Seeded per level too: with one seed, a level's first prompts were the previous levels'
+    # (the 32-stream level re-sent the 8-stream level's 16), and either server's prefix cache
+    # served them, not the workload's distinct prompts.
+    rng = random.Random(f"{seed}/{concurrency}")
     prompts = [[rng.randrange(17, 48000) for _ in range(prompt_len)] for _ in range(requests)]
     gate = asyncio.Semaphore(concurrency)
     # No keep-alive: llama-server (cpp-httplib) closes a connection after a few requests, and a
