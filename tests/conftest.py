@@ -29,11 +29,6 @@ def gpu_machine_packages() -> frozenset[str]:
 ALWAYS_THERE = gpu_machine_packages() | {"nanoserve", "tests"}
 ALL_TEST_DEPS = os.environ.get("NANOSERVE_TEST_DEPS") == "all"
 
-# In-process boots time their steps afresh: a timing remembered by an earlier run (or by the
-# developer's own server) must not decide what a test sees. tests/runtime/engine/
-# test_timing_cache.py covers the cache with folders of its own.
-os.environ["NANOSERVE_TIMING_CACHE"] = "off"
-
 
 _FIGURES = pytest.StashKey[list[str]]()
 
@@ -44,6 +39,14 @@ def figures(request: pytest.FixtureRequest) -> Callable[[str], None]:
     summary, so that CI's log shows it without `-s`."""
     lines = request.config.stash.setdefault(_FIGURES, [])
     return lines.append
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Boots in this process time their steps afresh: a timing remembered by an earlier run (or
+    # by the developer's own server) must not decide what a test sees, nor a test leave a file
+    # in the developer's cache (servers in subprocesses: tests/api/conftest.py's clean_env).
+    # tests/runtime/engine/test_timing_cache.py covers the cache with folders of its own.
+    os.environ["NANOSERVE_TIMING_CACHE"] = "off"
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

@@ -1,6 +1,7 @@
 """EngineClient is what the server may use of an engine: the real AsyncEngine and the tests'
 FakeEngine both honour it, member for member, with the same parameters. (No type checker runs
-here: this is the check that the fake-engine tests test the real surface.)"""
+here: this is the check that the fake-engine tests test the real surface.) And the real factory,
+`build_async_engine`, freezes the boot's heap for the engine's life."""
 
 from __future__ import annotations
 
@@ -69,11 +70,12 @@ def test_implementations_honour_the_protocol(
 async def test_the_real_engine_freezes_its_boot_heap_and_thaws_it_at_shutdown(
     tiny_model_dir: Path,
 ) -> None:
+    assert gc.get_freeze_count() == 0
     config = EngineConfig(model=str(tiny_model_dir), max_model_len=64, kv_budget_bytes=4 << 20)
     engine = build_async_engine(config, lambda line: None, threading.Event())
+    await engine.start()
     try:
         assert gc.get_freeze_count() > 0  # the boot's objects: no full collection rescans them
     finally:
-        await engine.start()
         await engine.shutdown(0)
     assert gc.get_freeze_count() == 0

@@ -13,7 +13,8 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 from nanoserve.runtime.engine.async_engine import AsyncEngine
-from nanoserve.runtime.engine.build import build_engine, freeze_boot_heap
+from nanoserve.runtime.engine.boot_heap import freeze_boot_heap, thaw_boot_heap
+from nanoserve.runtime.engine.build import build_engine
 from nanoserve.runtime.engine.engine_status import EngineStatus
 from nanoserve.runtime.engine.kv_events import KVEvent
 from nanoserve.runtime.engine.request_times import RequestTimes
@@ -132,4 +133,8 @@ def build_async_engine(
     collection rescans it while serving), then wrap it for the event loop."""
     engine = build_engine(config, say=say, cancel=cancel)
     freeze_boot_heap()
-    return AsyncEngine(engine, step_timeout=config.step_timeout)
+    try:
+        return AsyncEngine(engine, step_timeout=config.step_timeout, frozen=True)
+    except BaseException:
+        thaw_boot_heap()
+        raise

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import logging
 import time
 from collections import deque
@@ -24,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from nanoserve.core.errors import NanoserveError
+from nanoserve.runtime.engine.boot_heap import thaw_boot_heap
 from nanoserve.runtime.engine.engine import Engine, RequestError
 from nanoserve.runtime.engine.engine_status import EngineStatus
 from nanoserve.runtime.engine.kv_events import KVEvent
@@ -136,12 +136,15 @@ class AsyncEngine:
         *,
         step_timeout: float | None = None,
         max_behind: int = DEFAULT_MAX_BEHIND,
+        frozen: bool = False,
     ) -> None:
         """step_timeout: the watchdog's limit on one step (None: none). A step that fails, or
         outlives it, kills the engine: in-flight requests get EngineDeadError, new ones
-        EngineClosedError, and `on_fatal` is told (the server exits, for its supervisor)."""
+        EngineClosedError, and `on_fatal` is told (the server exits, for its supervisor).
+        frozen: the boot froze its heap for this engine (boot_heap.py); shutdown thaws it."""
         self.engine = engine
         self.step_timeout = step_timeout
+        self._frozen = frozen
         # Deltas a stream may hold unread, per sample: past it, the request is aborted.
         self.max_behind = max_behind
         self._behind: set[str] = set()  # requests aborted for it (their later deltas dropped)
@@ -167,6 +170,14 @@ class AsyncEngine:
 
     async def shutdown(self, grace_seconds: float = 5.0) -> None:
         """Stop taking requests, let in-flight ones finish within the grace, abort the rest."""
+        try:
+            await self._stop(grace_seconds)
+        finally:
+            if self._frozen:  # once, however the stop went
+                self._frozen = False
+                thaw_boot_heap()
+
+    async def _stop(self, grace_seconds: float) -> None:
         self._closing = True
         deadline = time.monotonic() + grace_seconds
         while self._streams and time.monotonic() < deadline:
@@ -183,7 +194,6 @@ class AsyncEngine:
                 await self._task
         self._step_thread.shutdown(wait=False)
         self.engine.destroy()  # the loop is stopped: no step reads the recordings any more
-        gc.unfreeze()  # what the boot froze (build.freeze_boot_heap) is collectable again
 
     def attach_kv_events(self, sink: Callable[[list[KVEvent]], object]) -> None:
         """Before start(): each step's KV-cache events go to sink, on the step thread."""

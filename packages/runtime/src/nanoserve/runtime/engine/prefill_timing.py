@@ -1,12 +1,12 @@
 """step_timings: the boot's timing of decode steps and a prompt chunk, which price the budget.
 
-Three forwards over padding, each the fastest of two runs (a shared machine's stolen time only
-ever adds; the boot waits on every run): a decode step of one row, after a first run that pays
-for the first allocations and page faults, then one of `max_batch` rows and a prompt chunk,
+Three forwards over padding, each the fastest of its runs (a shared machine's stolen time only
+ever adds; the boot waits on every run): a decode step of one row, twice after a first run that
+pays for the first allocations and page faults, then one of `max_batch` rows and a prompt chunk,
 whose first runs were measured no slower than their next ones (a 1.5B model: 241/236 ms,
-219/201 ms), so they are not run a third time: that is a third of this measurement, ~0.45 s of
-a 1.5B's boot. Every token of them writes the sink slot and reads only it, on a scratch pool of
-one block, so the measurement touches nothing a request will read. Decode rows see no context
+219/201 ms), so they have no discarded first run; with nothing remembered each runs twice.
+Every token of them writes the sink slot and reads only it, on a scratch pool of one block, so
+the measurement touches nothing a request will read. Decode rows see no context
 here, so the decode step is priced a little low, and the budget errs towards shorter chunks.
 
 Where the timings are remembered (timing_cache.py), a boot runs the two wide shapes once, and the
@@ -19,19 +19,24 @@ first two boots: ~0.65 s).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
+import nanoserve.core
+import nanoserve.runtime
 from nanoserve.core import DecodePlan, KVPoolPlan, PrefillBudget, PrefillPlan, pad_decode
 from nanoserve.runtime.engine.timing_cache import StepTimings, TimingCache, file_identity
 from nanoserve.runtime.engine_config import ResolvedConfig
 from nanoserve.runtime.kernels.cpu_features import cpu_features
-from nanoserve.runtime.kernels.cpu_kernels import kernels_loaded, load_cpu_kernels
+from nanoserve.runtime.kernels.cpu_kernels import load_cpu_kernels
 from nanoserve.runtime.model.kv_pool import KVPool
 from nanoserve.runtime.model.llama import LlamaModel
+from nanoserve.runtime.model.weight_forms import KERNEL_FORMS
 
 REPEATS = 2
 
@@ -64,7 +69,11 @@ def time_steps(
     block_size: int,
     max_positions: int,
     cache: TimingCache | None,
+    timer: Callable[..., float] | None = None,
 ) -> StepTimings:
+    """The three timings, remembered where `cache` vouches for them; `timer` (a test's
+    clock) stands in for `fastest`."""
+    clock = timer or fastest
     cfg = model.config
     plan = KVPoolPlan(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, model.kv_dtype, block_size, 1)
     pool = KVPool(plan, model.device)
@@ -77,23 +86,21 @@ def time_steps(
     def forward(plan: DecodePlan | PrefillPlan) -> Callable[[], object]:
         return lambda: model.forward(plan, pool.empty_rows())
 
-    one_row_s = fastest(forward(padding_decode(1, sink, model.device)))
-    key = timing_key(model, rows, chunk)
+    one_row_s = clock(forward(padding_decode(1, sink, model.device)))
+    key = timing_key(model, rows, chunk) if cache is not None else None
     remembered = cache.load(key) if cache is not None and key is not None else None
     if remembered is not None and not remembered.agrees(one_row_s):
         remembered = None  # the machine is not as it was: start over
     if remembered is not None and remembered.trusted:
         return remembered
     # Remembered, the wide shapes run once a boot: the file keeps the faster of two boots' runs.
-    runs = 1 if cache is not None and key is not None else REPEATS
+    runs = 1 if key is not None else REPEATS
     timings = StepTimings(
         one_row_s=one_row_s,
         rows=rows,
-        rows_s=fastest(forward(padding_decode(rows, sink, model.device)), warm=False, runs=runs),
+        rows_s=clock(forward(padding_decode(rows, sink, model.device)), warm=False, runs=runs),
         tokens=chunk,
-        tokens_s=fastest(
-            forward(padding_prefill(chunk, sink, model.device)), warm=False, runs=runs
-        ),
+        tokens_s=clock(forward(padding_prefill(chunk, sink, model.device)), warm=False, runs=runs),
     )
     if remembered is not None:
         timings = timings.fastest_with(remembered)
@@ -104,21 +111,34 @@ def time_steps(
 
 def timing_key(model: LlamaModel, rows: int, chunk: int) -> dict[str, object] | None:
     """Everything a step's time depends on that a later boot can see; None: weights with no
-    file (a model built in memory) are never remembered."""
-    if model.source is None:
+    file (a model built in memory) or a file that cannot be read are never remembered."""
+    if model.weights_path is None or (weights := file_identity(model.weights_path)) is None:
         return None
     features = cpu_features()
     flags = hashlib.sha256(" ".join(sorted(features.flags)).encode()).hexdigest()[:16]
-    kernels = load_cpu_kernels() if kernels_loaded() else None
+    kernels = load_cpu_kernels() if model.quantize in KERNEL_FORMS else None
     return {
-        "weights": file_identity(model.source),
+        "weights": weights,
         "forms": [str(model.dtype), model.quantize, str(model.kv_dtype), model.batch_invariant],
         "cpu": [features.model, features.capability, flags],
         "kernels": [kernels.isa, kernels.library.parent.name] if kernels else None,
+        "code": code_digest(),
         "threads": torch.get_num_threads(),
         "torch": torch.__version__,
         "shapes": [rows, chunk],
     }
+
+
+@functools.cache
+def code_digest() -> str:
+    """A digest of nanoserve's core and runtime sources: a change to the forward (or anything
+    it calls) is another key, as a change to the kernels' sources is another build."""
+    digest = hashlib.sha256()
+    for package in (nanoserve.core, nanoserve.runtime):
+        root = Path(package.__file__ or "").parent
+        for path in sorted(root.rglob("*.py")):
+            digest.update(str(path.relative_to(root)).encode() + path.read_bytes())
+    return digest.hexdigest()[:16]
 
 
 def fastest(run: Callable[[], object], *, warm: bool = True, runs: int = REPEATS) -> float:

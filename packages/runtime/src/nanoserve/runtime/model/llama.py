@@ -120,10 +120,11 @@ class LlamaModel:
         batch_invariant: bool = True,
         max_positions: int | None = None,
         quantize: str | None = None,
+        weights_path: Path | None = None,  # the file or directory read; None: built in memory
     ) -> None:
         check_quantize(quantize)
         self.config = config
-        self.source: Path | None = None  # the weights' file or directory (from_checkpoint)
+        self.weights_path = weights_path
         self.quantize = quantize
         self.dtype = dtype
         self.device = resolve_device(device)
@@ -265,9 +266,8 @@ class LlamaModel:
         reads them so (q4, q8)."""
         quantize = kwargs.get("quantize")
         blocks = kept_blocks(quantize if isinstance(quantize, str) else None)
-        model = cls.from_tensors(checkpoint.config, checkpoint.sources(blocks), **kwargs)
-        model.source = checkpoint.path
-        return model
+        tensors = checkpoint.sources(blocks)
+        return cls.from_tensors(checkpoint.config, tensors, weights_path=checkpoint.path, **kwargs)
 
     @classmethod
     def empty(
