@@ -21,8 +21,8 @@ KEY = {"weights": [["/m.gguf", 10, 1]], "shapes": [8, 32], "forms": ("bfloat16",
 
 
 def test_agreement_is_within_the_tolerance_either_way() -> None:
-    assert TIMINGS.agrees(0.04) and TIMINGS.agrees(0.0499) and TIMINGS.agrees(0.0321)
-    assert not TIMINGS.agrees(0.0501) and not TIMINGS.agrees(0.0319)
+    assert TIMINGS.agrees(0.04) and TIMINGS.agrees(0.0599) and TIMINGS.agrees(0.0267)
+    assert not TIMINGS.agrees(0.0601) and not TIMINGS.agrees(0.0266)
 
 
 def test_two_boots_remember_the_faster_of_each() -> None:
@@ -155,7 +155,7 @@ def test_a_later_boot_times_one_step_and_trusts_the_rest_only_if_it_agrees(
     assert (first, runs) == (TIMINGS, [REPEATS, 1, 1])  # remembered: the wide shapes once a boot
     second, runs = boot(model, cache, 0.045, 0.22, 0.24)  # one boot is not trusted: timed again
     assert second == StepTimings(0.04, 8, 0.2, 32, 0.24, boots=2, remembered=path)
-    third, runs = boot(model, cache, 0.049)  # two are, within 1.25x: the wide shapes not run
+    third, runs = boot(model, cache, 0.049)  # two are, within 1.5x: the wide shapes not run
     assert (third, runs) == (second, [REPEATS])
     fourth, _ = boot(model, cache, 0.08, 0.4, 0.5)  # twice as slow: timed again, started over
     assert fourth == StepTimings(0.08, 8, 0.4, 32, 0.5)
