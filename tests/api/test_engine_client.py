@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 
 from nanoserve.api.engine_client import DeltaStream, EngineClient, TokenCodec, build_async_engine
-from nanoserve.runtime.engine.async_engine import AsyncEngine, RequestStream
+from nanoserve.runtime.engine.async_engine import AsyncEngine
+from nanoserve.runtime.engine.request_stream import RequestStream
 from nanoserve.runtime.engine_config import EngineConfig
 from nanoserve.runtime.text.tokenizer import Tokenizer
 from tests.api.fake_engine import FakeEngine, FakeStream, FakeTokenizer

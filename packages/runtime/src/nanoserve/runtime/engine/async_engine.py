@@ -3,7 +3,8 @@
 Forwards run on one step thread of their own, never on the event loop. Requests and
 aborts arrive through an inbox (typed messages: `AddRequest`, `AbortRequest`) that the step
 thread drains between steps, so the event loop never waits for a step to finish. Each request
-gets an async iterator of deltas; cancelling it aborts the request and frees its blocks.
+gets an async iterator of deltas (`RequestStream`, request_stream.py); cancelling it aborts the
+request and frees its blocks.
 
 This class is the whole surface the server uses: `name`, `max_model_len`, `tokenizer`,
 `render_chat`, `template_reads_tools`, `default_max_tokens`, `compile_grammar`, `submit`,
@@ -27,6 +28,7 @@ from nanoserve.runtime.engine.boot_heap import thaw_boot_heap
 from nanoserve.runtime.engine.engine import Engine, RequestError
 from nanoserve.runtime.engine.engine_status import EngineStatus
 from nanoserve.runtime.engine.kv_events import KVEvent
+from nanoserve.runtime.engine.request_stream import RequestStream
 from nanoserve.runtime.engine.request_times import RequestTimes
 from nanoserve.runtime.engine.sampling_params import SamplingParams
 from nanoserve.runtime.engine.scheduler import QueueFullError
@@ -75,58 +77,6 @@ class StepResult(NamedTuple):
 
     deltas: list[Delta]
     refused: list[tuple[str, Exception]]  # (request id, why): add_request failed on the thread
-
-
-class RequestStream:
-    """One request's deltas until all n samples finish. Closing it early (or cancelling a
-    wait on it) aborts the request, so its blocks are freed at once."""
-
-    def __init__(
-        self,
-        owner: AsyncEngine,
-        request_id: str,
-        queue: asyncio.Queue[Delta | BaseException],
-        n: int,
-        times: RequestTimes,
-    ) -> None:
-        self.owner = owner
-        self.request_id = request_id
-        self.remaining = n
-        self.times = times
-        self._queue = queue
-        self._closed = False
-
-    def __aiter__(self) -> RequestStream:
-        return self
-
-    async def __anext__(self) -> Delta:
-        if not self.remaining:
-            await self.aclose()
-            raise StopAsyncIteration
-        try:
-            item = await self._queue.get()
-        except BaseException:
-            await self.aclose()
-            raise
-        if isinstance(item, BaseException):
-            await self.aclose()
-            raise item
-        now = time.monotonic()
-        if item.token_ids:
-            if self.times.first_token is None:
-                self.times.first_token = now
-            self.times.token_times.append(now)
-            self.times.sample_times.setdefault(item.index, []).append(now)
-            self.times.completion_tokens += len(item.token_ids)
-        if item.finish_reason is not None:
-            self.remaining -= 1
-            self.times.finish_reasons.append(item.finish_reason)
-        return item
-
-    async def aclose(self) -> None:
-        if not self._closed:
-            self._closed = True
-            self.owner._closed(self)
 
 
 class AsyncEngine:
