@@ -265,8 +265,7 @@ class LlamaModel:
         """Build from a checkpoint, taking a GGUF's blocks as stored where the weight form
         reads them so (q4, q8)."""
         quantize = kwargs.get("quantize")
-        blocks = kept_blocks(quantize if isinstance(quantize, str) else None)
-        tensors = checkpoint.sources(blocks)
+        tensors = checkpoint.sources(kept_blocks(quantize if isinstance(quantize, str) else None))
         return cls.from_tensors(checkpoint.config, tensors, weights_path=checkpoint.path, **kwargs)
 
     @classmethod
@@ -398,6 +397,4 @@ def linear_kernels(quantize: str | None, dtype: torch.dtype, device: torch.devic
     return f"{name} torch/{'mkl' if dtype == torch.float32 else 'onednn'}"
 
 
-def weight_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
-    """Every weight the model takes, by Hugging Face name, and its shape."""
-    return expected_tensor_shapes(config)
+weight_shapes = expected_tensor_shapes  # every weight the model takes, by HF name: its shape
