@@ -169,9 +169,11 @@ template <int R, int Offset, class Levels>
 inline void scaled_halves(const int8_t* const* xq, int64_t at, const int32_t* xs16, int64_t xs_stride,
                           const uint8_t* scales, Levels levels, I16* isum) {
   for (int r = 0; r < R; ++r) isum[r] = i_zero();
+#pragma GCC unroll 2
   for (int h = 0; h < 2; ++h) {
     Dots dots[R];
     for (int r = 0; r < R; ++r) dots[r] = d_zero();
+#pragma GCC unroll 2
     for (int c = 2 * h; c < 2 * h + 2; ++c) {
       B64 wlo, whi;
       levels(c, wlo, whi);
@@ -228,9 +230,11 @@ struct KFormat {
         const B64 a2 = b_load(pl), b2 = b_load(pl + 64);
         I16 imin[R];
         for (int r = 0; r < R; ++r) isum[r] = i_zero(), imin[r] = i_zero();
+#pragma GCC unroll 2
         for (int h = 0; h < 2; ++h) {
           Dots dots[R];
           for (int r = 0; r < R; ++r) dots[r] = d_zero();
+#pragma GCC unroll 2
           for (int c = 2 * h; c < 2 * h + 2; ++c)
             chunk_dots<R>(dots, b_field(a2, 2 * c, 3, 0), b_field(b2, 2 * c, 3, 0), xq, at + 8 * c);
           const I16 scm = i_from_u8(grp + 16 * h);

@@ -98,6 +98,9 @@ inline void q45_group_dots(const uint8_t* w, const int8_t* const* xq, int64_t at
   Dots dots[R];
   for (int r = 0; r < R; ++r) dots[r] = d_zero();
   const B64 h1 = Five ? b_load(w + 256) : B64{};
+  // Unrolled: the shifts of b_field then take constants, and the rows' accumulators stay in
+  // registers across chunks (without it GCC kept AVX2's on the stack).
+#pragma GCC unroll 4
   for (int c = 0; c < 4; ++c) {
     const B64 packed = b_load(w + 64 * c);
     B64 wlo = b_low_nibbles(packed), whi = b_high_nibbles(packed);  // inputs 8c.., 8c+4..
@@ -144,14 +147,19 @@ struct QFormat {
       if constexpr (kQ8DotHasOffset)
         for (int r = 0; r < R; ++r) dot[r] = i_sub(dot[r], i_set1(128 * x.qsum[(r0 + r) * x.groups + g]));
       accumulate<R>(acc, dot, f_load_f16(reinterpret_cast<const uint16_t*>(w + 512)), nullptr, x, r0, g);
-    } else {
+    } else if constexpr (Type == kQ4_0 || Type == kQ5_0) {
+      // w = d (q - offset): the offset comes off the group's integer dot product (exact:
+      // |dot| < 2^17), so a row costs one float multiply-add here, not two.
+      q45_group_dots<R, kFive>(w, xq, at, dot);
+      constexpr int32_t offset = kFive ? 16 : 8;
+      for (int r = 0; r < R; ++r) dot[r] = i_sub(dot[r], i_set1(offset * x.qsum[(r0 + r) * x.groups + g]));
+      const F16 dw = f_load_f16(reinterpret_cast<const uint16_t*>(w + 256 + (kFive ? 64 : 0)));
+      accumulate<R>(acc, dot, dw, nullptr, x, r0, g);
+    } else {  // q4_1, q5_1: the stored minimum m, a float, times the inputs' sum
       q45_group_dots<R, kFive>(w, xq, at, dot);
       const uint8_t* scales = w + 256 + (kFive ? 64 : 0);
       const F16 dw = f_load_f16(reinterpret_cast<const uint16_t*>(scales));
-      F16 mw;
-      if constexpr (Type == kQ4_0) mw = f_mul(dw, f_set1(-8.f));
-      else if constexpr (Type == kQ5_0) mw = f_mul(dw, f_set1(-16.f));
-      else mw = f_load_f16(reinterpret_cast<const uint16_t*>(scales + 32));
+      const F16 mw = f_load_f16(reinterpret_cast<const uint16_t*>(scales + 32));
       accumulate<R>(acc, dot, dw, &mw, x, r0, g);
     }
   }

@@ -134,12 +134,6 @@ inline I16 i_dot(I16 acc, B64 w, int32_t x4) {
 // the caller takes 128 * sum(x) back out (kQ8DotHasOffset).
 constexpr bool kQ8DotHasOffset = true;
 inline I16 i_dot_q8(I16 acc, B64 u, int32_t x4) { return i_dot(acc, u, x4); }
-// A group's 4-bit dot products: W16 accumulates at most 4 i_dot calls of w <= 15 and |x| <=
-// 127 (AVX2 keeps them in int16 lanes, below 15,240); w_sum widens to 16 int32 lanes.
-using W16 = I16;
-inline W16 w_zero() { return i_zero(); }
-inline W16 w_dot(W16 acc, B64 w, int32_t x4) { return i_dot(acc, w, x4); }
-inline I16 w_sum(W16 a) { return a; }
 // Dots: one group's dot products of small unsigned levels (at most 6 bits) against int8 inputs,
 // 8 inputs a call (a chunk's low and high halves). int32 lanes here: one accumulator, exact.
 struct Dots { I16 v; };
@@ -281,26 +275,21 @@ inline I16 i_dot_q8(I16 acc, B64 u, int32_t x4) {
   const __m256i x = _mm256_set1_epi32(x4);
   return {q8_dot8(acc.lo, u.lo, x), q8_dot8(acc.hi, u.hi, x)};
 }
-// 16 int16 lanes per half (each feature's pair sums); widened once per group, not per call.
-struct W16 { __m256i lo, hi; };
-inline W16 w_zero() { return {_mm256_setzero_si256(), _mm256_setzero_si256()}; }
-inline W16 w_dot(W16 acc, B64 w, int32_t x4) {
-  const __m256i x = _mm256_set1_epi32(x4);
-  return {_mm256_add_epi16(acc.lo, _mm256_maddubs_epi16(w.lo, x)),
-          _mm256_add_epi16(acc.hi, _mm256_maddubs_epi16(w.hi, x))};
+// Dots: int32 lanes, one accumulator per row (two registers). A chunk's low and high halves meet
+// in int16 (two maddubs pairs of levels <= 63 and |x| <= 127: at most 32,004, no saturation)
+// and are widened at once: two more operations per chunk than keeping int16 sums across
+// chunks, but half the registers, so 4 rows' accumulators no longer spill to the stack.
+struct Dots { I16 v; };
+inline Dots d_zero() { return {i_zero()}; }
+inline __m256i chunk8(__m256i acc, __m256i lo, __m256i hi, __m256i x_lo, __m256i x_hi) {
+  const __m256i pairs = _mm256_add_epi16(_mm256_maddubs_epi16(lo, x_lo), _mm256_maddubs_epi16(hi, x_hi));
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
 }
-inline I16 w_sum(W16 a) {
-  const __m256i ones = _mm256_set1_epi16(1);
-  return {_mm256_madd_epi16(a.lo, ones), _mm256_madd_epi16(a.hi, ones)};
-}
-// Dots: int16 lanes (maddubs pairs), a chunk's low and high halves in two accumulators, so each
-// takes at most 4 chunks of 4-5 bit levels or 2 of 6-bit ones without overflow (see W16).
-struct Dots { W16 lo, hi; };
-inline Dots d_zero() { return {w_zero(), w_zero()}; }
 inline Dots d_add(Dots a, B64 lo, B64 hi, int32_t x_lo, int32_t x_hi) {
-  return {w_dot(a.lo, lo, x_lo), w_dot(a.hi, hi, x_hi)};
+  const __m256i xl = _mm256_set1_epi32(x_lo), xh = _mm256_set1_epi32(x_hi);
+  return {{chunk8(a.v.lo, lo.lo, hi.lo, xl, xh), chunk8(a.v.hi, lo.hi, hi.hi, xl, xh)}};
 }
-inline I16 d_sum(Dots a) { return i_add(w_sum(a.lo), w_sum(a.hi)); }
+inline I16 d_sum(Dots a) { return a.v; }
 
 // -- plain C++: the same operations one lane at a time -----------------------------------
 #else
@@ -408,10 +397,6 @@ inline I16 i_dot(I16 acc, B64 w, int32_t x4) {
 }
 constexpr bool kQ8DotHasOffset = true;
 inline I16 i_dot_q8(I16 acc, B64 u, int32_t x4) { return i_dot(acc, u, x4); }
-using W16 = I16;
-inline W16 w_zero() { return i_zero(); }
-inline W16 w_dot(W16 acc, B64 w, int32_t x4) { return i_dot(acc, w, x4); }
-inline I16 w_sum(W16 a) { return a; }
 struct Dots { I16 v; };
 inline Dots d_zero() { return {i_zero()}; }
 inline Dots d_add(Dots a, B64 lo, B64 hi, int32_t x_lo, int32_t x_hi) {
