@@ -91,7 +91,15 @@ void format_rows(const LinearArgs& a, int64_t r0, int64_t block) {
 template <class Format>
 void format_linear(const LinearArgs& a, int64_t b0, int64_t b1) {
   constexpr int T = NS_ROW_TILE;
+  const int64_t block_bytes = a.x.k / Format::kInputs * Format::kBytes;
   for (int64_t block = b0; block < b1; ++block) {
+    // With several row tiles a block is read once from memory and then from cache, so the
+    // stream would stall only on its first tile: ask for the next block now, into L2, and
+    // memory streams while all of this block's tiles compute.
+    if (a.x.rows > T && block + 1 < b1) {
+      const uint8_t* next = a.w + (block + 1) * block_bytes;
+      for (int64_t line = 0; line < block_bytes; line += 64) __builtin_prefetch(next + line, 0, 2);
+    }
     int64_t r0 = 0;
     for (; r0 + T <= a.x.rows; r0 += T) format_rows<Format, T>(a, r0, block);
     switch (a.x.rows - r0) {  // the last rows, fewer than a tile
