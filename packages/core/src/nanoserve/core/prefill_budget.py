@@ -8,10 +8,10 @@ stream's next token comes ten steps late. With a decode step of `rows` rows cost
 - steady: the step stays within `ratio` of the decode step alone,
       ratio_tokens(rows) = (ratio - 1) * decode(rows) / per_token;
 - backlog: prompts waiting (`waiting` tokens of `joining` sequences, a burst of arrivals) are
-  worked off within `horizon` steps, but no step grows past `burst` times the decode step of
-  every sequence then running (at most `max_rows`),
-      burst_tokens(rows) = (burst * decode(min(rows + joining, max_rows)) - decode(rows))
-                           / per_token.
+  worked off within `horizon` steps, but a step's prompts take no more than `burst - 1` decode
+  steps of every sequence then running (at most `max_rows`), however many of them decode now,
+      burst_tokens(rows) = (burst - 1) * decode(min(rows + joining, max_rows)) / per_token,
+  so no step grows past `burst` times that decode step.
 
 A step carries max(ratio_tokens, min(waiting / horizon, burst_tokens)) prompt tokens, at least
 `min_tokens` (prompts always advance), at most what the step's token budget leaves. The steady
@@ -23,6 +23,13 @@ rule: its prompts start decoding the sooner (32 prompts
 in chunks of ~3 reach their first tokens ~1.4 s sooner on average than in chunks of 8), and
 their sequences then finish, and their clients' next requests arrive, spread out rather than
 all at once.
+
+The backlog's share does not grow as fewer rows decode. A burst from idle is then admitted at
+the rate the machine keeps once those sequences decode: their clients' next requests come back
+as fast as the first ones were admitted, and an idle machine that took prompts into the room
+its few decoding rows left would send them back faster than a full one can take them (32
+streams of a 0.5B, two requests each: the second requests' TTFT p50 0.95-1.0 s with the share
+that grew, 0.67 s with this one; a step's length, so ITL p99, bounded as before).
 The costs are measured at boot (runtime's engine/prefill_timing.py), or the budget is a fixed
 count (`fixed`).
 """
@@ -74,11 +81,18 @@ class PrefillBudget:
         """From a decode step of 1 row, one of `rows` rows (the row limit), and a chunk of
         `tokens` tokens; `rules` set ratio, min_tokens, burst and horizon."""
         per_row = max(0.0, (rows_s - one_row_s) / (rows - 1)) if rows > 1 else 0.0
+        # A prompt token's price is what it adds to a step: the chunk's cost less what one
+        # row's step costs too (the weights' reads, the output projection of its last token),
+        # which a mixed step pays once for its decoding rows. The chunk's mean (tokens_s /
+        # tokens) priced a 0.5B's token at 2.18 ms against the 1.57 ms it adds to a 32-row
+        # step. Half the mean at least: a noisy one-row timing cannot make prompts free.
+        mean = tokens_s / tokens
+        per_token = (tokens_s - one_row_s) / (tokens - 1) if tokens > 1 else mean
         return cls(
             max_tokens=max_tokens,
             base_s=max(0.0, one_row_s - per_row),
             per_row_s=per_row,
-            per_token_s=tokens_s / tokens,
+            per_token_s=max(per_token, mean / 2),
             max_rows=rows,
             **rules,  # type: ignore[arg-type]
         )
@@ -90,13 +104,10 @@ class PrefillBudget:
         return _whole((self.ratio - 1) * self.decode_step_s(rows) / self.per_token_s)
 
     def burst_tokens(self, rows: int, joining: int = 0) -> int:
-        """Prompt tokens in a step of `rows` decoding rows that keep it within `burst` times the
-        decode step of every sequence then running (`joining` more, at most `max_rows`)."""
+        """A backlog's prompt tokens in a step of `rows` decoding rows: `burst - 1` decode steps
+        of every sequence then running (`joining` more, at most `max_rows`)."""
         after = min(self.max_rows, max(rows + joining, 1))
-        widest = self.burst * self.decode_step_s(after)
-        return max(
-            0, _whole((widest - (self.decode_step_s(rows) if rows else 0.0)) / self.per_token_s)
-        )
+        return _whole((self.burst - 1) * self.decode_step_s(after) / self.per_token_s)
 
     def tokens(self, decode_rows: int, waiting: int = 0, joining: int = 0) -> int:
         """Prompt tokens a step with `decode_rows` decoding rows may carry, with `waiting`

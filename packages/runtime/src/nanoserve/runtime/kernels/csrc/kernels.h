@@ -2,8 +2,10 @@
 //
 // Each output number is computed in one fixed order that depends on neither the number of
 // rows, the thread split, the padding of a batch nor the ISA:
-//   - linears: a group's integer dot product is exact; per output feature the groups are
-//     then accumulated in order, acc = fma(dot, d_w * d_x, acc) (+ fma(m_w, s_x, acc) for q4);
+//   - linears: a group's integer dot product is exact (a computed offset, q4_0's and q5_0's
+//     8 or 16 times the inputs' sum, comes off it in integers); per output feature the groups
+//     are then accumulated in order, acc = fma(dot, d_w * d_x, acc), and then, for the types
+//     that store a minimum (q4_1, q5_1, q4_k, q5_k, q2_k), acc = fma(m_w, s_x, acc);
 //   - attention: per token and head, scores in position order, one max, exp, a 16-lane sum
 //     reduced by the fixed tree, and the weighted values accumulated in position order;
 //   - norms, rotary and SiLU: per row, 16 lanes and the fixed tree.
