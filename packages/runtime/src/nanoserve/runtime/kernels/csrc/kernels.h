@@ -86,7 +86,11 @@ void format_rows(const LinearArgs& a, int64_t r0, int64_t block) {
   F16 acc[R];
   const int8_t* xq[R];
   for (int r = 0; r < R; ++r) acc[r] = f_zero(), xq[r] = x.q + (r0 + r) * x.k;
-  for (int64_t s = 0; s < supers; ++s, w += Format::kBytes) Format::template block<R>(w, x, r0, s, xq, acc);
+  for (int64_t s = 0; s < supers; ++s, w += Format::kBytes) {
+    // The first row tile streams the block from memory; the next ones find it in cache.
+    if (r0 == 0) prefetch_bytes(w, Format::kBytes);
+    Format::template block<R>(w, x, r0, s, xq, acc);
+  }
   for (int r = 0; r < R; ++r) store_block(a, r0 + r, block, acc[r]);
 }
 

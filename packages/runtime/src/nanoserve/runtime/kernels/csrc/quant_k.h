@@ -196,7 +196,6 @@ struct KFormat {
   template <int R>
   static void block(const uint8_t* w, const QuantizedRows& x, int64_t r0, int64_t s,
                     const int8_t* const* xq, F16* acc) {
-    prefetch_bytes(w, kBytes);
     const F16 d = f_load_f16(reinterpret_cast<const uint16_t*>(w));
     F16 neg_dmin = f_zero();
     if constexpr (L::kDmin) neg_dmin = f_sub(f_zero(), f_load_f16(reinterpret_cast<const uint16_t*>(w + 32)));
@@ -208,6 +207,7 @@ struct KFormat {
       const int64_t xs_stride = 2 * x.groups;
       I16 isum[R];
       if constexpr (Type == kQ4_K || Type == kQ5_K) {
+        for (int r = 0; r < R; ++r) isum[r] = i_zero();
         q45_group_dots<R, Type == kQ5_K>(pl, xq, at, isum);
         const F16 dw = f_mul(d, f_from_u8(grp));
         const F16 mw = f_mul(neg_dmin, f_from_u8(grp + 16));

@@ -92,11 +92,12 @@ inline void chunk_dots(Dots* dots, B64 wlo, B64 whi, const int8_t* const* xq, in
   for (int r = 0; r < R; ++r) dots[r] = d_add(dots[r], wlo, whi, load_x4(xq[r] + at), load_x4(xq[r] + at + 4));
 }
 
-// One group's dot products of the 4- and 5-bit types (L4, and H1 for bit 4), per row.
+// One group's dot products of the 4- and 5-bit types (L4, and H1 for bit 4), per row, added to
+// `dot` (a type's offset term, or zeros).
 template <int R, bool Five>
 inline void q45_group_dots(const uint8_t* w, const int8_t* const* xq, int64_t at, I16* dot) {
   Dots dots[R];
-  for (int r = 0; r < R; ++r) dots[r] = d_zero();
+  for (int r = 0; r < R; ++r) dots[r] = Dots{dot[r]};
   const B64 h1 = Five ? b_load(w + 256) : B64{};
   // Unrolled: the shifts of b_field then take constants, and the rows' accumulators stay in
   // registers across chunks (without it GCC kept AVX2's on the stack).
@@ -133,29 +134,29 @@ struct QFormat {
   template <int R>
   static void block(const uint8_t* w, const QuantizedRows& x, int64_t r0, int64_t g,
                     const int8_t* const* xq, F16* acc) {
-    prefetch_bytes(w, kBytes);
     I16 dot[R];
     const int64_t at = g * kGroup;
     if constexpr (Type == kQ8_0) {
-      for (int r = 0; r < R; ++r) dot[r] = i_zero();
+      // The weights are stored as w + 128: where the ISA's dot product sums u * x rather than
+      // w * x, it starts from -128 * sum(x), so the sum comes out exact.
+      for (int r = 0; r < R; ++r)
+        dot[r] = kQ8DotHasOffset ? i_set1(-128 * x.qsum[(r0 + r) * x.groups + g]) : i_zero();
       for (int j = 0; j < 8; ++j) {
         const B64 levels = b_load(w + 64 * j);
         for (int r = 0; r < R; ++r) dot[r] = i_dot_q8(dot[r], levels, load_x4(xq[r] + at + 4 * j));
       }
-      // The weights are stored as w + 128: take 128 * sum(x) back out, exactly, where the ISA's
-      // dot product summed u * x rather than w * x.
-      if constexpr (kQ8DotHasOffset)
-        for (int r = 0; r < R; ++r) dot[r] = i_sub(dot[r], i_set1(128 * x.qsum[(r0 + r) * x.groups + g]));
       accumulate<R>(acc, dot, f_load_f16(reinterpret_cast<const uint16_t*>(w + 512)), nullptr, x, r0, g);
     } else if constexpr (Type == kQ4_0 || Type == kQ5_0) {
-      // w = d (q - offset): the offset comes off the group's integer dot product (exact:
-      // |dot| < 2^17), so a row costs one float multiply-add here, not two.
-      q45_group_dots<R, kFive>(w, xq, at, dot);
+      // w = d (q - offset): the group's integer dot product starts from -offset * sum(x)
+      // (exact: |dot| < 2^17; one broadcast where a zero was), so a row costs one float
+      // multiply-add here, not two.
       constexpr int32_t offset = kFive ? 16 : 8;
-      for (int r = 0; r < R; ++r) dot[r] = i_sub(dot[r], i_set1(offset * x.qsum[(r0 + r) * x.groups + g]));
+      for (int r = 0; r < R; ++r) dot[r] = i_set1(-offset * x.qsum[(r0 + r) * x.groups + g]);
+      q45_group_dots<R, kFive>(w, xq, at, dot);
       const F16 dw = f_load_f16(reinterpret_cast<const uint16_t*>(w + 256 + (kFive ? 64 : 0)));
       accumulate<R>(acc, dot, dw, nullptr, x, r0, g);
     } else {  // q4_1, q5_1: the stored minimum m, a float, times the inputs' sum
+      for (int r = 0; r < R; ++r) dot[r] = i_zero();
       q45_group_dots<R, kFive>(w, xq, at, dot);
       const uint8_t* scales = w + 256 + (kFive ? 64 : 0);
       const F16 dw = f_load_f16(reinterpret_cast<const uint16_t*>(scales));

@@ -131,7 +131,7 @@ inline I16 i_dot(I16 acc, B64 w, int32_t x4) {
   return {_mm512_dpbusd_epi32(acc.v, w.v, _mm512_set1_epi32(x4))};
 }
 // q8 weights are stored as u = w + 128. i_dot_q8 adds sum u * x (dpbusd does not saturate);
-// the caller takes 128 * sum(x) back out (kQ8DotHasOffset).
+// the caller starts the sum from -128 * sum(x) (kQ8DotHasOffset).
 constexpr bool kQ8DotHasOffset = true;
 inline I16 i_dot_q8(I16 acc, B64 u, int32_t x4) { return i_dot(acc, u, x4); }
 // Dots: one group's dot products of small unsigned levels (at most 6 bits) against int8 inputs,
