@@ -78,8 +78,10 @@ inline void prefetch_bytes(const uint8_t* w, int64_t bytes) {
 
 // R rows against one feature block: each superblock's weights are unpacked once for all R
 // rows, and each output number is accumulated group by group in input order.
+// `ahead`: the bytes from a superblock to the same one of the next block, which the first tile
+// asks for into L2 as it goes (0: none).
 template <class Format, int R>
-void format_rows(const LinearArgs& a, int64_t r0, int64_t block) {
+void format_rows(const LinearArgs& a, int64_t r0, int64_t block, int64_t ahead) {
   const QuantizedRows& x = a.x;
   const int64_t supers = x.k / Format::kInputs;
   const uint8_t* w = a.w + block * supers * Format::kBytes;
@@ -88,7 +90,11 @@ void format_rows(const LinearArgs& a, int64_t r0, int64_t block) {
   for (int r = 0; r < R; ++r) acc[r] = f_zero(), xq[r] = x.q + (r0 + r) * x.k;
   for (int64_t s = 0; s < supers; ++s, w += Format::kBytes) {
     // The first row tile streams the block from memory; the next ones find it in cache.
-    if (r0 == 0) prefetch_bytes(w, Format::kBytes);
+    if (r0 == 0) {
+      prefetch_bytes(w, Format::kBytes);
+      if (ahead)
+        for (int64_t line = 0; line < Format::kBytes; line += 64) __builtin_prefetch(w + ahead + line, 0, 2);
+    }
     Format::template block<R>(w, x, r0, s, xq, acc);
   }
   for (int r = 0; r < R; ++r) store_block(a, r0 + r, block, acc[r]);
@@ -100,17 +106,15 @@ void format_linear(const LinearArgs& a, int64_t b0, int64_t b1) {
   const int64_t block_bytes = a.x.k / Format::kInputs * Format::kBytes;
   for (int64_t block = b0; block < b1; ++block) {
     // With several row tiles a block is read once from memory and then from cache, so the
-    // stream would stall only on its first tile: ask for the next block now, into L2, and
-    // memory streams while all of this block's tiles compute.
-    if (a.x.rows > T && block + 1 < b1) {
-      const uint8_t* next = a.w + (block + 1) * block_bytes;
-      for (int64_t line = 0; line < block_bytes; line += 64) __builtin_prefetch(next + line, 0, 2);
-    }
+    // stream would stall only on its first tile: that tile asks for the next block, into L2,
+    // a superblock at a time (not all at once: a burst of misses fills the miss buffers and
+    // stalls), and memory streams while all of this block's tiles compute.
+    const int64_t ahead = a.x.rows > T && block + 1 < b1 ? block_bytes : 0;
     int64_t r0 = 0;
-    for (; r0 + T <= a.x.rows; r0 += T) format_rows<Format, T>(a, r0, block);
+    for (; r0 + T <= a.x.rows; r0 += T) format_rows<Format, T>(a, r0, block, ahead);
     switch (a.x.rows - r0) {  // the last rows, fewer than a tile
       case 0: break;
-#define NS_TAIL(n) case n: if constexpr (n < T) format_rows<Format, n>(a, r0, block); break;
+#define NS_TAIL(n) case n: if constexpr (n < T) format_rows<Format, n>(a, r0, block, ahead); break;
       NS_TAIL(1) NS_TAIL(2) NS_TAIL(3) NS_TAIL(4) NS_TAIL(5) NS_TAIL(6) NS_TAIL(7)
 #undef NS_TAIL
       default: break;
