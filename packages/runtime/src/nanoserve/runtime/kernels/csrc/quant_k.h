@@ -207,8 +207,8 @@ struct KFormat {
       const int64_t xs_stride = 2 * x.groups;
       I16 isum[R];
       if constexpr (Type == kQ4_K || Type == kQ5_K) {
-        for (int r = 0; r < R; ++r) isum[r] = i_zero();
-        q45_group_dots<R, Type == kQ5_K>(pl, xq, at, isum);
+        constexpr int32_t zeros[R] = {};
+        q45_group_dots<R, Type == kQ5_K>(pl, xq, at, zeros, isum);
         const F16 dw = f_mul(d, f_from_u8(grp));
         const F16 mw = f_mul(neg_dmin, f_from_u8(grp + 16));
         accumulate<R>(acc, isum, dw, &mw, x, r0, g);

@@ -92,26 +92,32 @@ inline void chunk_dots(Dots* dots, B64 wlo, B64 whi, const int8_t* const* xq, in
   for (int r = 0; r < R; ++r) dots[r] = d_add(dots[r], wlo, whi, load_x4(xq[r] + at), load_x4(xq[r] + at + 4));
 }
 
-// One group's dot products of the 4- and 5-bit types (L4, and H1 for bit 4), per row, added to
-// `dot` (a type's offset term, or zeros).
+// One group's dot products of the 4- and 5-bit types (L4, and H1 for bit 4), per row, from
+// `start` (a type's offset term, or 0): the 4 chunks summed narrow at once (4-bit levels), or 2
+// by 2 (5-bit).
 template <int R, bool Five>
-inline void q45_group_dots(const uint8_t* w, const int8_t* const* xq, int64_t at, I16* dot) {
-  Dots dots[R];
-  for (int r = 0; r < R; ++r) dots[r] = Dots{dot[r]};
+inline void q45_group_dots(const uint8_t* w, const int8_t* const* xq, int64_t at, const int32_t* start, I16* dot) {
   const B64 h1 = Five ? b_load(w + 256) : B64{};
+  constexpr int kRun = Five ? 2 : 4;  // chunks per narrow sum
   // Unrolled: the shifts of b_field then take constants, and the rows' accumulators stay in
   // registers across chunks (without it GCC kept AVX2's on the stack).
+#pragma GCC unroll 2
+  for (int c0 = 0; c0 < 4; c0 += kRun) {
+    Narrow sums[R];
+    for (int r = 0; r < R; ++r) sums[r] = c0 == 0 ? n_start(start[r]) : n_start(dot[r]);
 #pragma GCC unroll 4
-  for (int c = 0; c < 4; ++c) {
-    const B64 packed = b_load(w + 64 * c);
-    B64 wlo = b_low_nibbles(packed), whi = b_high_nibbles(packed);  // inputs 8c.., 8c+4..
-    if constexpr (Five) {
-      wlo = b_or(wlo, b_field(h1, c, 1, 4));
-      whi = b_or(whi, b_field(h1, c + 4, 1, 4));
+    for (int c = c0; c < c0 + kRun; ++c) {
+      const B64 packed = b_load(w + 64 * c);
+      B64 wlo = b_low_nibbles(packed), whi = b_high_nibbles(packed);  // inputs 8c.., 8c+4..
+      if constexpr (Five) {
+        wlo = b_or(wlo, b_field(h1, c, 1, 4));
+        whi = b_or(whi, b_field(h1, c + 4, 1, 4));
+      }
+      for (int r = 0; r < R; ++r)
+        sums[r] = n_add(sums[r], wlo, whi, load_x4(xq[r] + at + 8 * c), load_x4(xq[r] + at + 8 * c + 4));
     }
-    chunk_dots<R>(dots, wlo, whi, xq, at + 8 * c);
+    for (int r = 0; r < R; ++r) dot[r] = c0 == 0 ? n_end(sums[r], start[r]) : n_end(sums[r], dot[r]);
   }
-  for (int r = 0; r < R; ++r) dot[r] = d_sum(dots[r]);
 }
 
 // acc += dot * (d_w * d_x) + m_w * s_x, per row: a group's one fixed order of rounding.
@@ -151,13 +157,14 @@ struct QFormat {
       // (exact: |dot| < 2^17; one broadcast where a zero was), so a row costs one float
       // multiply-add here, not two.
       constexpr int32_t offset = kFive ? 16 : 8;
-      for (int r = 0; r < R; ++r) dot[r] = i_set1(-offset * x.qsum[(r0 + r) * x.groups + g]);
-      q45_group_dots<R, kFive>(w, xq, at, dot);
+      int32_t start[R];
+      for (int r = 0; r < R; ++r) start[r] = -offset * x.qsum[(r0 + r) * x.groups + g];
+      q45_group_dots<R, kFive>(w, xq, at, start, dot);
       const F16 dw = f_load_f16(reinterpret_cast<const uint16_t*>(w + 256 + (kFive ? 64 : 0)));
       accumulate<R>(acc, dot, dw, nullptr, x, r0, g);
     } else {  // q4_1, q5_1: the stored minimum m, a float, times the inputs' sum
-      for (int r = 0; r < R; ++r) dot[r] = i_zero();
-      q45_group_dots<R, kFive>(w, xq, at, dot);
+      constexpr int32_t zeros[R] = {};
+      q45_group_dots<R, kFive>(w, xq, at, zeros, dot);
       const uint8_t* scales = w + 256 + (kFive ? 64 : 0);
       const F16 dw = f_load_f16(reinterpret_cast<const uint16_t*>(scales));
       const F16 mw = f_load_f16(reinterpret_cast<const uint16_t*>(scales + 32));
