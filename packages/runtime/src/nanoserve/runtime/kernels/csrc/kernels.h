@@ -71,6 +71,8 @@ inline void prefetch_bytes(const uint8_t* w, int64_t bytes) {
   for (int64_t line = 0; line < bytes; line += 64) __builtin_prefetch(w + kPrefetchBytes + line, 0, 3);
 }
 
+#include "dots.h"
+
 #define NS_DOTS 1
 #include "quant_q.h"
 #include "quant_k.h"
