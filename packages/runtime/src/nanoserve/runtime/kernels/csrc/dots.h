@@ -11,31 +11,8 @@
 // Tried and dropped: q6_k's scales applied on AVX2 by the widening madd itself (one int32
 // accumulator a row, no multiply of its own): 3-5% slower than Dots, then a multiply per half.
 
-// -- AVX-512 -----------------------------------------------------------------------------
-#if defined(NS_AVX512)
-
-// Dots: one group's dot products of small unsigned levels (at most 6 bits) against int8 inputs,
-// 8 inputs a call (a chunk's low and high halves). int32 lanes here: one accumulator, exact.
-struct Dots { I16 v; };
-inline Dots d_zero() { return {i_zero()}; }
-inline Dots d_add(Dots a, B64 lo, B64 hi, int32_t x_lo, int32_t x_hi) {
-  return {i_dot(i_dot(a.v, lo, x_lo), hi, x_hi)};
-}
-inline I16 d_sum(Dots a) { return a.v; }
-// Narrow: dot products of levels of at most 5 bits, summed as narrow as they stay exact before
-// they are added to `init` (AVX2's int16 lanes: 4 chunks of 4-bit levels, 2 of 5-bit ones).
-// dpbusd sums in int32 already: here the accumulator starts from init itself.
-struct Narrow { I16 v; };
-inline Narrow n_start(I16 init) { return {init}; }
-inline Narrow n_start(int32_t init) { return {i_set1(init)}; }
-inline Narrow n_add(Narrow a, B64 lo, B64 hi, int32_t x_lo, int32_t x_hi) {
-  return {i_dot(i_dot(a.v, lo, x_lo), hi, x_hi)};
-}
-inline I16 n_end(Narrow a, I16) { return a.v; }
-inline I16 n_end(Narrow a, int32_t) { return a.v; }
-
-// -- AVX2 --------------------------------------------------------------------------------
-#elif defined(NS_AVX2)
+// -- AVX2: int16 sums, widened -----------------------------------------------------------
+#if defined(NS_AVX2)
 
 // Dots: int32 lanes, one accumulator per row (two registers). A chunk's low and high halves meet
 // in int16 (two maddubs pairs of levels <= 63 and |x| <= 127: at most 32,004, no saturation)
@@ -76,15 +53,20 @@ inline I16 n_end(Narrow a, I16 init) {
 }
 inline I16 n_end(Narrow a, int32_t init) { return n_end(a, I16{_mm256_set1_epi32(init), _mm256_set1_epi32(init)}); }
 
-// -- plain C++ ---------------------------------------------------------------------------
+// -- AVX-512 and plain C++: i_dot sums into int32 lanes ----------------------------------
 #else
 
+// Dots: one group's dot products of small unsigned levels (at most 6 bits) against int8 inputs,
+// 8 inputs a call (a chunk's low and high halves). int32 lanes here: one accumulator, exact.
 struct Dots { I16 v; };
 inline Dots d_zero() { return {i_zero()}; }
 inline Dots d_add(Dots a, B64 lo, B64 hi, int32_t x_lo, int32_t x_hi) {
   return {i_dot(i_dot(a.v, lo, x_lo), hi, x_hi)};
 }
 inline I16 d_sum(Dots a) { return a.v; }
+// Narrow: dot products of levels of at most 5 bits, summed as narrow as they stay exact before
+// they are added to `init` (AVX2's int16 lanes: 4 chunks of 4-bit levels, 2 of 5-bit ones).
+// dpbusd sums in int32 already: here the accumulator starts from init itself.
 struct Narrow { I16 v; };
 inline Narrow n_start(I16 init) { return {init}; }
 inline Narrow n_start(int32_t init) { return {i_set1(init)}; }
