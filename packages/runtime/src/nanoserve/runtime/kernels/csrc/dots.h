@@ -66,7 +66,7 @@ inline Dots d_add(Dots a, B64 lo, B64 hi, int32_t x_lo, int32_t x_hi) {
 inline I16 d_sum(Dots a) { return a.v; }
 // Narrow: dot products of levels of at most 5 bits, summed as narrow as they stay exact before
 // they are added to `init` (AVX2's int16 lanes: 4 chunks of 4-bit levels, 2 of 5-bit ones).
-// dpbusd sums in int32 already: here the accumulator starts from init itself.
+// i_dot (dpbusd, or one lane at a time) sums in int32 already: the accumulator starts from init.
 struct Narrow { I16 v; };
 inline Narrow n_start(I16 init) { return {init}; }
 inline Narrow n_start(int32_t init) { return {i_set1(init)}; }
