@@ -199,10 +199,22 @@ def test_connection_flood_is_429_at_once_and_costs_no_kv(
         assert now["nanoserve:num_requests_waiting"] == 1, now
         assert now["nanoserve:prompt_tokens_total"] == before["nanoserve:prompt_tokens_total"]
 
+    def counted(tokens: float) -> dict[str, float]:
+        """The metrics once the engine has taken `tokens` prompt tokens: a request counts as
+        waiting once the server accepts it, in prompt_tokens_total only once the engine takes
+        it, at its next step (a scrape between the two raced the flood's check)."""
+        deadline = time.monotonic() + 30
+        while (now := metrics_of(bounded))["nanoserve:prompt_tokens_total"] < tokens:
+            assert time.monotonic() < deadline, now
+            time.sleep(0.02)
+        return now
+
+    base = metrics_of(bounded)["nanoserve:prompt_tokens_total"]
     with ExitStack() as streams:
         streams.enter_context(open_stream(url, LONGEST, first_chunk=True))
-        streams.enter_context(open_stream(url, LONG, first_chunk=False))
-        before = metrics_of(bounded)  # the token counts bracket the two block counts
+        prompt = metrics_of(bounded)["nanoserve:prompt_tokens_total"] - base
+        streams.enter_context(open_stream(url, LONG, first_chunk=False))  # the same prompt
+        before = counted(base + 2 * prompt)  # the token counts bracket the two block counts
         held = blocks()
         answers = asyncio.run(flood("/v1/completions"))
         grown = blocks() - held
