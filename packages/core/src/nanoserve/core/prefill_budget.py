@@ -3,7 +3,8 @@
 A prompt chunk shares its step with the decoding rows, so every decoding sequence waits for it:
 on a CPU a 512-token chunk of a 0.5B model takes ~0.6 s against a ~50 ms decode step, and each
 stream's next token comes ten steps late. With a decode step of `rows` rows costing
-`base + per_row * rows` seconds and one prompt token `per_token`, two rules bound a step:
+`base + per_row * rows` seconds and one prompt token adding `per_token` to a step, two rules
+bound a step:
 
 - steady: the step stays within `ratio` of the decode step alone,
       ratio_tokens(rows) = (ratio - 1) * decode(rows) / per_token;
@@ -19,10 +20,9 @@ rule alone cannot keep up with a burst: it gives prompts a third of the machine 
 and 32 arrivals at once would wait for tens of seconds. With no sequence decoding, a step takes
 every waiting prompt if they fit the step budget (none of them is then held up by the rest
 later), or one prompt alone as far as the step budget goes, and else is bounded by the burst
-rule: its prompts start decoding the sooner (32 prompts
-in chunks of ~3 reach their first tokens ~1.4 s sooner on average than in chunks of 8), and
-their sequences then finish, and their clients' next requests arrive, spread out rather than
-all at once.
+rule: its prompts start decoding the sooner (32 prompts in chunks of ~3 reach their first
+tokens ~1.4 s sooner on average than in chunks of 8), and their sequences then finish, and
+their clients' next requests arrive, spread out rather than all at once.
 
 The backlog's share does not grow as fewer rows decode. A burst from idle is then admitted at
 the rate the machine keeps once those sequences decode: their clients' next requests come back
@@ -30,6 +30,7 @@ as fast as the first ones were admitted, and an idle machine that took prompts i
 its few decoding rows left would send them back faster than a full one can take them (32
 streams of a 0.5B, two requests each: the second requests' TTFT p50 0.95-1.0 s with the share
 that grew, 0.67 s with this one; a step's length, so ITL p99, bounded as before).
+
 The costs are measured at boot (runtime's engine/prefill_timing.py), or the budget is a fixed
 count (`fixed`).
 """
