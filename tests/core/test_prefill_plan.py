@@ -1,11 +1,19 @@
-"""plan_prefill: two chunks flattened into one batch, one of them after a cached prefix."""
+"""plan_prefill: two chunks flattened into one batch, one of them after a cached prefix;
+last_tokens: the same plan's queries cut to each chunk's last token."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from nanoserve.core import BlockTable, GeometryError, PrefillChunk, PrefillPlan, plan_prefill
+from nanoserve.core import (
+    BlockTable,
+    GeometryError,
+    PrefillChunk,
+    PrefillPlan,
+    last_tokens,
+    plan_prefill,
+)
 
 SINK = 16
 S = SINK
@@ -61,6 +69,25 @@ def test_a_single_token_chunk_is_a_decode_step() -> None:
     assert plan.context_lens.tolist() == [3, 8, 7]
     assert plan.slot_rect[2].tolist() == [12, 13, 14, 15, 0, 1, 2, S]
     assert plan.last_token_idx.tolist() == [2, 5, 6]
+
+
+def test_last_tokens_keep_each_chunks_last_query_and_its_slots() -> None:
+    one = PrefillChunk(seq_id=3, token_ids=(30,), start_pos=6, block_table=BlockTable(4, [3, 0]))
+    plan = plan_prefill([*chunks(), one], sink_slot=SINK)
+    last = last_tokens(plan)
+    assert last.seq_ids == (1, 2, 3)
+    assert last.num_tokens == 3
+    assert last.input_ids.tolist() == [12, 22, 30]
+    assert last.positions.tolist() == [2, 7, 6]
+    assert last.write_slots.tolist() == [10, 3, 2]
+    assert last.query_starts == (0, 1, 2, 3)  # one query a chunk, the last of its context
+    assert last.context_lens.tolist() == [3, 8, 7]
+    assert last.slot_rect is plan.slot_rect
+    assert last.last_token_idx.tolist() == [0, 1, 2]
+    assert last.token_rows.tolist() == [0, 1, 2]
+    assert last.token_context_lens.tolist() == [3, 8, 7]  # what those tokens saw in the plan
+    assert last.sink_slot == SINK
+    assert last_tokens(last).input_ids.tolist() == [12, 22, 30]  # idempotent
 
 
 def test_needs_a_chunk() -> None:

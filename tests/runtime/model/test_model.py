@@ -205,3 +205,58 @@ def test_embedded_greedy_matches_transformers(
         got = [t for d in engine.run_until_done() for t in d.token_ids]
         assert got == hf_greedy_tokens[index], text
     engine.check_blocks()
+
+
+@pytest.mark.parametrize("forms", ["torch", "kernels"])
+def test_the_last_layer_carries_only_the_sampled_rows(
+    forms: str,
+    tiny_llama_checkpoint: Checkpoint,
+    tiny_llama_weights: dict[str, torch.Tensor],
+    tiny_mixed_checkpoint: Checkpoint,
+    tiny_mixed_sources: dict[str, Any],
+) -> None:
+    """A prefill plan's default logits (its last layer cut to the chunks' last tokens) are
+    the whole forward's bit for bit: a fresh prompt, a chunk after a cached prefix and a
+    decode row in one plan, on torch's ops and on the kernels over every weight type."""
+    from nanoserve.core import BlockTable, PrefillChunk, plan_kv_pool, plan_prefill
+    from nanoserve.runtime.model.kv_pool import KVPool
+
+    if forms == "torch":
+        ck, weights, quantize = tiny_llama_checkpoint, tiny_llama_weights, None
+    else:
+        ck, weights, quantize = tiny_mixed_checkpoint, tiny_mixed_sources, "gguf"
+    model = LlamaModel.from_tensors(
+        ck.config, weights.items(), batch_invariant=True, max_positions=64, quantize=quantize
+    )
+    cfg = model.config
+    kv = plan_kv_pool(
+        num_layers=cfg.num_layers,
+        num_kv_heads=cfg.num_kv_heads,
+        head_dim=cfg.head_dim,
+        dtype=model.kv_dtype,
+        block_size=4,
+        budget_bytes=1 << 24,
+        max_blocks=12,
+    )
+    pool = KVPool(kv)
+    tables = [BlockTable(4, [0, 1, 2]), BlockTable(4, [5, 3, 4]), BlockTable(4, [8, 6, 7])]
+    # Sequences 1 and 2 cache a prefix first; then one plan: 1 continues by 5 tokens, 2 by
+    # one (a decode row), 3 is a fresh prompt of 7.
+    first = plan_prefill(
+        [PrefillChunk(1, (5, 17, 3), 0, tables[0]), PrefillChunk(2, (9, 8, 7, 6), 0, tables[1])],
+        sink_slot=kv.sink_slot,
+    )
+    model.forward(first, pool.view(first.seq_ids))
+    plan = plan_prefill(
+        [
+            PrefillChunk(1, (99, 25, 31, 7, 7), 3, tables[0]),
+            PrefillChunk(2, (12,), 4, tables[1]),
+            PrefillChunk(3, (120, 64, 8, 200, 2, 11, 13), 0, tables[2]),
+        ],
+        sink_slot=kv.sink_slot,
+    )
+    cache = pool.view(plan.seq_ids)
+    trimmed = model.forward(plan, cache)  # [3, vocab]
+    whole = model.forward(plan, cache, logit_rows=plan.last_token_idx)  # every row, every layer
+    assert trimmed.shape == (3, cfg.vocab_size)
+    assert torch.equal(trimmed, whole)

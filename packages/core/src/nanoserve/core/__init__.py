@@ -17,7 +17,7 @@ from nanoserve.core.decode_plan import DecodePlan, DecodeSeq, pad_decode, paddin
 from nanoserve.core.errors import GateError, GeometryError, NanoserveError
 from nanoserve.core.kv_pool_plan import KVPoolPlan, PoolBudgetError, plan_kv_pool
 from nanoserve.core.prefill_budget import PrefillBudget, PrefillBudgetError
-from nanoserve.core.prefill_plan import PrefillChunk, PrefillPlan, plan_prefill
+from nanoserve.core.prefill_plan import PrefillChunk, PrefillPlan, last_tokens, plan_prefill
 from nanoserve.core.slot_table import SlotTable
 from nanoserve.core.step_footprint import StepFootprint
 from nanoserve.core.warm_list import (
@@ -52,6 +52,7 @@ __all__ = [
     "StepFootprint",
     "bucket_decode",
     "check_conservation",
+    "last_tokens",
     "lazy_captures",
     "pad_decode",
     "padding_plan",

@@ -98,3 +98,25 @@ def plan_prefill(
         ),
         sink_slot=sink_slot,
     )
+
+
+def last_tokens(plan: PrefillPlan) -> PrefillPlan:
+    """Each chunk's last token alone, over the same rectangle: the queries of a forward's last
+    layer, whose other rows nobody reads once their K/V is written (llama.cpp trims its last
+    layer so too). A query stays the last of its chunk's context, so the causal mask and the
+    visible slots are those it had in the whole plan."""
+    rows = plan.last_token_idx  # [chunks]
+    chunks = len(plan.seq_ids)
+    return PrefillPlan(
+        seq_ids=plan.seq_ids,
+        input_ids=plan.input_ids[rows],
+        positions=plan.positions[rows],
+        write_slots=plan.write_slots[rows],
+        query_starts=tuple(range(chunks + 1)),
+        context_lens=plan.context_lens,
+        slot_rect=plan.slot_rect,
+        last_token_idx=torch.arange(chunks, dtype=torch.int64, device=rows.device),
+        token_rows=plan.token_rows[rows],
+        token_context_lens=plan.token_context_lens[rows],
+        sink_slot=plan.sink_slot,
+    )

@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from nanoserve.core import DecodePlan, PrefillPlan, StepFootprint
+from nanoserve.core import DecodePlan, PrefillPlan, StepFootprint, last_tokens
 from nanoserve.runtime.errors import QuantizationError, WeightsError
 from nanoserve.runtime.kernels.cpu_kernels import load_cpu_kernels
 from nanoserve.runtime.loading.checkpoint import (
@@ -325,8 +325,14 @@ class LlamaModel:
         logits too, whether it is recorded or run eagerly: the same row count on every path, so
         the same BLAS kernel (cuBLAS may choose another per row count), at the cost of a few
         rows of the output projection.
+
+        A prefill plan's last layer carries only the chunks' last tokens past its K/V write:
+        no later layer reads the other rows, and every op is row by row, so the logits are
+        the untrimmed forward's (a 64-token prompt of a 24-layer model skips 63 rows of one
+        layer's attention, output projection and MLP).
         """
         ops, cfg = self.ops, self.config
+        last = len(self.layers) - 1
         x = ops.residual(self.embed[plan.input_ids])  # [tokens, hidden]
         if cfg.embedding_multiplier != 1.0:
             x = x * cfg.embedding_multiplier
@@ -336,6 +342,9 @@ class LlamaModel:
             qkv = self._linear(h, layer.qkv, layer.qkv_bias)  # [tokens, q + 2 kv]
             table = None if kind.rotary is None else rotary[kind.rotary]
             q = ops.rotate_and_cache(qkv, table, plan, cache, index, layer.qk_norms)  # [tokens, q]
+            if logit_rows is None and index == last and isinstance(plan, PrefillPlan):
+                rows = plan.last_token_idx  # [chunks]
+                q, x, plan = q[rows], x[rows], last_tokens(plan)  # [chunks, q], [chunks, hidden]
             attn = self._linear(ops.attention(q, plan, cache, index, kind.window), layer.o)
             if layer.attn_out_norm is not None:
                 attn = ops.rms_norm(attn, layer.attn_out_norm)
