@@ -3,6 +3,8 @@ last_tokens: the same plan's queries cut to each chunk's last token."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -88,6 +90,14 @@ def test_last_tokens_keep_each_chunks_last_query_and_its_slots() -> None:
     assert last.token_context_lens.tolist() == [3, 8, 7]  # what those tokens saw in the plan
     assert last.sink_slot == SINK
     assert last_tokens(last).input_ids.tolist() == [12, 22, 30]  # idempotent
+
+
+def test_last_tokens_count_chunks_of_a_plan_that_names_no_sequence() -> None:
+    # The boot's timing plans (engine/prefill_timing.py) write the sink and name no sequence.
+    anonymous = dataclasses.replace(plan_prefill(chunks(), sink_slot=SINK), seq_ids=())
+    last = last_tokens(anonymous)
+    assert last.query_starts == (0, 1, 2)
+    assert last.input_ids.tolist() == [12, 22]
 
 
 def test_needs_a_chunk() -> None:

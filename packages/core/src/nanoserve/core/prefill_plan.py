@@ -106,7 +106,7 @@ def last_tokens(plan: PrefillPlan) -> PrefillPlan:
     layer so too). A query stays the last of its chunk's context, so the causal mask and the
     visible slots are those it had in the whole plan."""
     rows = plan.last_token_idx  # [chunks]
-    chunks = len(plan.seq_ids)
+    chunks = len(plan.query_starts) - 1  # not seq_ids: a boot timing's plan names no sequence
     return PrefillPlan(
         seq_ids=plan.seq_ids,
         input_ids=plan.input_ids[rows],
