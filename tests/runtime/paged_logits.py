@@ -12,9 +12,8 @@ from nanoserve.runtime.model.llama import LlamaModel
 BLOCK = 4
 
 
-def paged_logits(model: LlamaModel, ids: list[int], chunk: int | None = None) -> torch.Tensor:
-    """[tokens, vocab] float32: the prompt fed in chunks (default: whole), its blocks handed out
-    backwards so that a position's slot is never its index."""
+def fresh_pool(model: LlamaModel, max_blocks: int) -> KVPool:
+    """An empty pool of `max_blocks` blocks of BLOCK slots in the model's K/V dtype."""
     cfg = model.config
     plan = plan_kv_pool(
         num_layers=cfg.num_layers,
@@ -23,9 +22,16 @@ def paged_logits(model: LlamaModel, ids: list[int], chunk: int | None = None) ->
         dtype=model.kv_dtype,
         block_size=BLOCK,
         budget_bytes=1 << 28,
-        max_blocks=-(-len(ids) // BLOCK) + 1,
+        max_blocks=max_blocks,
     )
-    pool = KVPool(plan)
+    return KVPool(plan)
+
+
+def paged_logits(model: LlamaModel, ids: list[int], chunk: int | None = None) -> torch.Tensor:
+    """[tokens, vocab] float32: the prompt fed in chunks (default: whole), its blocks handed out
+    backwards so that a position's slot is never its index."""
+    pool = fresh_pool(model, max_blocks=-(-len(ids) // BLOCK) + 1)
+    plan = pool.plan
     table = BlockTable(BLOCK, reversed(range(plan.num_blocks)))
     chunk = chunk or len(ids)
     out = []

@@ -13,7 +13,7 @@ from nanoserve.runtime.engine.sampling_params import SamplingParams
 from nanoserve.runtime.engine_config import EngineConfig
 from nanoserve.runtime.loading.checkpoint import Checkpoint, load_checkpoint
 from nanoserve.runtime.model.llama import LlamaModel
-from tests.runtime.paged_logits import paged_logits, rel_error
+from tests.runtime.paged_logits import fresh_pool, paged_logits, rel_error
 
 
 def build(checkpoint: Checkpoint, **kwargs: Any) -> LlamaModel:
@@ -218,8 +218,7 @@ def test_the_last_layer_carries_only_the_sampled_rows(
     """A prefill plan's default logits (its last layer cut to the chunks' last tokens) are
     the whole forward's bit for bit: a fresh prompt, a chunk after a cached prefix and a
     decode row in one plan, on torch's ops and on the kernels over every weight type."""
-    from nanoserve.core import BlockTable, PrefillChunk, plan_kv_pool, plan_prefill
-    from nanoserve.runtime.model.kv_pool import KVPool
+    from nanoserve.core import BlockTable, PrefillChunk, plan_prefill
 
     if forms == "torch":
         ck, weights, quantize = tiny_llama_checkpoint, tiny_llama_weights, None
@@ -228,17 +227,8 @@ def test_the_last_layer_carries_only_the_sampled_rows(
     model = LlamaModel.from_tensors(
         ck.config, weights.items(), batch_invariant=True, max_positions=64, quantize=quantize
     )
-    cfg = model.config
-    kv = plan_kv_pool(
-        num_layers=cfg.num_layers,
-        num_kv_heads=cfg.num_kv_heads,
-        head_dim=cfg.head_dim,
-        dtype=model.kv_dtype,
-        block_size=4,
-        budget_bytes=1 << 24,
-        max_blocks=12,
-    )
-    pool = KVPool(kv)
+    pool = fresh_pool(model, max_blocks=12)  # blocks of 4 slots
+    kv = pool.plan
     tables = [BlockTable(4, [0, 1, 2]), BlockTable(4, [5, 3, 4]), BlockTable(4, [8, 6, 7])]
     # Sequences 1 and 2 cache a prefix first; then one plan: 1 continues by 5 tokens, 2 by
     # one (a decode row), 3 is a fresh prompt of 7.
@@ -258,5 +248,5 @@ def test_the_last_layer_carries_only_the_sampled_rows(
     cache = pool.view(plan.seq_ids)
     trimmed = model.forward(plan, cache)  # [3, vocab]
     whole = model.forward(plan, cache, logit_rows=plan.last_token_idx)  # every row, every layer
-    assert trimmed.shape == (3, cfg.vocab_size)
+    assert trimmed.shape == (3, model.config.vocab_size)
     assert torch.equal(trimmed, whole)
