@@ -6,6 +6,17 @@ this machine (seen: the `sapphirerapids` AMX build raises SIGILL at its first `t
 Intel Xeon with AMX under KVM), the peer is rerun from a copy of its folder without that
 variant, so it loads its next best, and the variant it ran is reported either way. A missing
 peer is one line and no result, never a failure: tests never need it.
+
+The peer at its best: llama-server has two K/V cache modes for N slots, and which is faster
+depends on the workload, so every side-by-side benchmark runs both (`CACHE_MODES`) and takes
+each level's ratio against the better one:
+
+- "split", its default with an explicit `-np N`: each slot owns `-c / N` tokens of the cache;
+- "unified", `-np N -kvu`: one buffer of `-c` tokens that every slot's sequences share (its
+  default only when `-np` is left to auto), whose attention masks over all of it.
+
+Both are zero-filled at start, so what llama-server holds reserved (its K/V and compute buffers,
+read off its log) is resident from the first second; `reserved_mib` reports it.
 """
 
 from __future__ import annotations
@@ -21,9 +32,15 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
+
+from benchmarks.servers import Server, free_port, launch
+
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_DIR = REPO.parent / "shared" / "peers" / "llama.cpp"
 _BACKEND = re.compile(r"loaded CPU backend from \S*libggml-cpu-([\w-]+)\.so")
+CACHE_MODES = ("split", "unified")
+_BUFFER = re.compile(r"(KV|compute|RS) buffer size =\s*([\d.]+) MiB")
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,3 +195,76 @@ def teacher_forced_top1(peer: Peer, gguf: Path, ids: list[int], threads: int) ->
             process.wait(timeout=30)
         except subprocess.TimeoutExpired:
             process.kill()
+
+
+def llama_server_command(
+    peer: Peer,
+    gguf: Path,
+    threads: int,
+    port: int,
+    *,
+    cache_mode: str,
+    context: int,
+    parallel: int = 32,
+    extra: tuple[str, ...] = (),
+) -> list[str]:
+    if cache_mode not in CACHE_MODES:
+        raise ValueError(f"cache_mode must be one of {CACHE_MODES}, got {cache_mode!r}")
+    return [
+        peer.binary("llama-server"), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port),
+        "-t", str(threads), "-tb", str(threads), "-c", str(context), "-np", str(parallel),
+        "--no-webui", "--metrics",
+        *(["-kvu"] if cache_mode == "unified" else []),
+        *extra,
+    ]  # fmt: skip
+
+
+def start_llama_server(
+    peer: Peer,
+    gguf: Path,
+    threads: int,
+    *,
+    cache_mode: str,
+    context: int,
+    parallel: int = 32,
+    extra: tuple[str, ...] = (),
+) -> Server:
+    """llama-server with `parallel` slots over a `context`-token cache in `cache_mode` ("split":
+    `context / parallel` tokens a slot; "unified": `-kvu`, one buffer all slots share), the same
+    thread count for prompts and decode, and its Prometheus counters on."""
+    port = free_port()
+    command = llama_server_command(
+        peer, gguf, threads, port, cache_mode=cache_mode, context=context, parallel=parallel,
+        extra=extra,
+    )  # fmt: skip
+    return launch(f"llama.cpp {cache_mode}", command, f"http://127.0.0.1:{port}")
+
+
+def reserved_mib(
+    peer: Peer, gguf: Path, threads: int, *, cache_mode: str, context: int, parallel: int = 32
+) -> dict[str, float]:
+    """What llama-server allocates at start in this configuration, by buffer ("KV", "compute",
+    "RS"), in MiB, from its own log lines. Those lines are below its default verbosity, so a
+    separate boot with `-lv 4` reads them (the measured servers keep the default verbosity)."""
+    port = free_port()
+    command = llama_server_command(
+        peer, gguf, threads, port, cache_mode=cache_mode, context=context, parallel=parallel,
+        extra=("-lv", "4"),
+    )  # fmt: skip
+    server = launch(f"llama.cpp {cache_mode} (-lv 4, to read its buffers)", command,
+                    f"http://127.0.0.1:{port}")  # fmt: skip
+    server.stop()
+    sums: dict[str, float] = {}
+    for kind, mib in _BUFFER.findall(server.log.read_text(errors="replace")):
+        sums[kind] = sums.get(kind, 0.0) + float(mib)
+    return sums
+
+
+def spec_counters(url: str) -> tuple[float, float]:
+    """llama-server's draft tokens and accepted tokens so far (its /metrics, `--metrics`)."""
+    text = httpx.get(url + "/metrics", timeout=10).text
+    values = []
+    for name in ("spec_decode_num_draft_tokens", "spec_decode_num_accepted_tokens"):
+        match = re.search(rf"^llamacpp:{name}_total (\S+)$", text, re.MULTILINE)
+        values.append(float(match.group(1)) if match else 0.0)
+    return values[0], values[1]

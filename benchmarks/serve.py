@@ -5,16 +5,22 @@
     python -m benchmarks.serve --peer [--models qwen2.5-coder-0.5b] [--rounds 3] [-- flags]
 
 A bounded async load generator on loopback: for each concurrency (1, 8, 32), 2x that many
-streaming completions of 64-token prompts (distinct random token ids) and 64 output tokens
-(ignore_eos, fixed seed), at most `concurrency` in flight. Reports p50/p99 TTFT and ITL and
-output tok/s over the level.
+streaming completions of 64-token prompts (distinct random token ids, drawn per level and
+round) and 64 output tokens (ignore_eos, fixed seed), at most `concurrency` in flight. Tokens
+are counted from each answer's usage (`stream_options.include_usage`), never from stream
+chunks: a request that produced fewer than `max_tokens` invalidates its round, which is said and
+left out of the medians. Reports p50/p99 TTFT and ITL and output tok/s over the level.
 
---peer runs the model set (benchmarks/models.py), one model at a time: llama.cpp's
-`llama-server -np 32 -kvu -c 16384` (benchmarks/peer.py finds it) and `nanoserve serve` with a
-K/V pool of the same 16,384 tokens, on free loopback ports; every level on both, alternating
-which goes first, for --rounds rounds. It prints per model the medians and the ratios
-nanoserve / llama.cpp, each server's time to a 200 from /health after its process started,
-and its RSS once the load has run.
+--peer runs the model set (benchmarks/models.py), one model at a time, with the same thread
+count on every server (benchmarks/servers.py): `nanoserve serve` with a K/V pool of 16,384
+tokens, and llama.cpp's `llama-server -np 32 -c 16384` in both of its cache modes, the split
+per-slot default and `-kvu` (benchmarks/peer.py), all up at once on free loopback ports; every
+level on each, alternating the order per round, for --rounds rounds. It prints per model the
+medians, each level's ratio against the better llama.cpp mode (both printed), each server's
+time to a 200 from /health after its process started (nanoserve's boot is cold: an empty timing
+cache, as a file's first boot finds it), and, after the load, each one's RSS beside what it
+holds reserved (llama-server's K/V and compute buffers, zero-filled at start; nanoserve's pool,
+paged in as it is used).
 """
 
 from __future__ import annotations
@@ -23,12 +29,9 @@ import argparse
 import asyncio
 import itertools
 import json
+import os
 import random
-import signal
-import socket
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -36,7 +39,13 @@ from pathlib import Path
 import httpx
 
 from benchmarks.common import table, write_csv
-from benchmarks.peer import Peer
+from benchmarks.peer import CACHE_MODES, Peer, reserved_mib, start_llama_server
+from benchmarks.servers import (
+    Server,
+    bench_threads,
+    nanoserve_reserved_mib,
+    start_nanoserve,
+)
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -49,11 +58,13 @@ def percentile(values: list[float], q: float) -> float:
 async def one_request(
     client: httpx.AsyncClient, prompt: list[int], max_tokens: int
 ) -> tuple[float, list[float], int]:
+    """(TTFT, gaps between content chunks, completion tokens from usage; 0 if none came)."""
     body = {
         "prompt": prompt,
         "max_tokens": max_tokens,
         "temperature": 0.0,
         "stream": True,
+        "stream_options": {"include_usage": True},
         "ignore_eos": True,
     }
     started = time.perf_counter()
@@ -65,9 +76,10 @@ async def one_request(
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
             chunk = json.loads(line[6:])
-            if chunk["choices"] and chunk["choices"][0]["text"]:
+            if chunk.get("usage"):
+                tokens = int(chunk["usage"]["completion_tokens"])
+            if chunk.get("choices") and chunk["choices"][0].get("text"):
                 stamps.append(time.perf_counter())
-                tokens += 1
     ttft = stamps[0] - started if stamps else float("nan")
     gaps = [b - a for a, b in itertools.pairwise(stamps)]
     return ttft, gaps, tokens
@@ -98,6 +110,8 @@ async def level(
     gaps = [g for r in results for g in r[1]]
     tokens = sum(r[2] for r in results)
     return {
+        # requests whose usage counted fewer than max_tokens: the level's round is invalid
+        "short": sum(r[2] < max_tokens for r in results),
         "concurrency": concurrency,
         "requests": requests,
         "ttft_p50_s": percentile(ttfts, 0.5),
@@ -110,65 +124,14 @@ async def level(
     }
 
 
-def wait_ready(process: subprocess.Popen, url: str, what: str, timeout_s: float = 300) -> float:
-    """Seconds from now until /health answers 200 (the caller started the process just before)."""
-    started = time.perf_counter()
-    deadline = time.monotonic() + timeout_s
-    # One client for every poll: httpx.get builds a client (and its TLS context) per call, ~37 ms
-    # of CPU each here, so polling every 50 ms took ~40% of a core from the booting server, whose
-    # boot times its steps (its prefill budget then priced them 2x too slow).
-    with httpx.Client(timeout=2) as client:
-        while time.monotonic() < deadline:
-            try:
-                if client.get(url + "/health").status_code == 200:
-                    return time.perf_counter() - started
-            except httpx.HTTPError:
-                pass
-            if process.poll() is not None:
-                raise SystemExit(f"{what} exited with {process.returncode}; see its log")
-            time.sleep(0.05)
-    process.kill()
-    raise SystemExit(f"{what} did not become ready in {timeout_s:.0f} s")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def rss_mib(process: subprocess.Popen) -> float:
-    """The process's resident set now (file pages it maps included, as for llama.cpp's mmap)."""
-    for line in Path(f"/proc/{process.pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
-
-
-def start_server(extra: list[str]) -> tuple[subprocess.Popen, str, float]:
-    port = free_port()
-    command = [sys.executable, "-m", "nanoserve.api.cli", "serve", "--port", str(port), *extra]
-    # A log file, not a pipe: nobody reads a pipe while the load runs, and a full one blocks.
-    log = tempfile.NamedTemporaryFile("w+", prefix="nanoserve-", suffix=".log", delete=False)  # noqa: SIM115 (the server holds it)
-    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, text=True)
-    url = f"http://127.0.0.1:{port}"
-    print(f"nanoserve log: {log.name}")
-    return process, url, wait_ready(process, url, "nanoserve")
-
-
-def start_peer(peer: Peer, gguf: str, threads: int) -> tuple[subprocess.Popen, str, float]:
-    """llama-server with 32 slots sharing one 16k-token K/V cache (FACTS' configuration)."""
-    port = free_port()
-    command = [
-        peer.binary("llama-server"), "-m", gguf, "--host", "127.0.0.1", "--port", str(port),
-        "-t", str(threads), "-tb", str(threads), "-c", str(PEER_CONTEXT), "-np", "32", "-kvu",
-        "--no-webui",
-    ]  # fmt: skip
-    log = tempfile.NamedTemporaryFile("w+", prefix="llama-server-", suffix=".log", delete=False)  # noqa: SIM115 (the server holds it)
-    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, text=True)
-    url = f"http://127.0.0.1:{port}"
-    print(f"llama-server log: {log.name}")
-    return process, url, wait_ready(process, url, "llama-server")
+def short_note(row: dict[str, object], max_tokens: int) -> str:
+    """'' for a valid level; else why its round does not count."""
+    if not row["short"]:
+        return ""
+    return (
+        f"INVALID: {row['short']} of {row['requests']} requests produced fewer than"
+        f" {max_tokens} tokens (usage), mean {float(row['mean_tokens']):.1f}"  # type: ignore[arg-type]
+    )
 
 
 def kv_budget_for(gguf: Path, tokens: int) -> int:
@@ -180,16 +143,9 @@ def kv_budget_for(gguf: Path, tokens: int) -> int:
     return per_token * (tokens + 1)
 
 
-def stop(process: subprocess.Popen) -> None:
-    process.send_signal(signal.SIGTERM)
-    try:
-        process.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        process.kill()
-
-
-PEER_CONTEXT = 16384  # llama-server's unified K/V cache, and nanoserve's pool, in tokens
+PEER_CONTEXT = 16384  # llama-server's K/V cache, and nanoserve's pool, in tokens
 METRICS = ("output_tok_s", "ttft_p50_s", "itl_p50_ms", "itl_p99_ms")
+PEERS = tuple(f"llama.cpp {mode}" for mode in CACHE_MODES)
 
 
 def side_by_side(args: argparse.Namespace, extra: list[str]) -> None:
@@ -197,22 +153,71 @@ def side_by_side(args: argparse.Namespace, extra: list[str]) -> None:
     from benchmarks.models import served_models
     from benchmarks.peer import find_peer
 
-    threads = pin_threads()
+    threads = pin_threads(bench_threads())
     print(cpu_line())
+    print(f"threads: {threads} for every server (nanoserve --threads, llama-server -t/-tb)")
     for bench in served_models(args.models):
         peer = find_peer(bench.path)
         if peer is None:
             return
         print(f"{bench.name}: llama.cpp backend {peer.backend} {peer.note}".rstrip())
-        rows, boot = model_side_by_side(bench.name, bench.path, peer, threads, args, extra)
+        rows, memory = model_side_by_side(bench.name, bench.path, peer, threads, args, extra)
         title = (
             f"serve, side by side, {bench.name}: {args.prompt_len}-token prompts,"
-            f" {args.max_tokens} output tokens, median of {args.rounds} rounds;"
-            f" nanoserve {' '.join(extra) or '(defaults)'}"
+            f" {args.max_tokens} output tokens, median of the valid rounds of {args.rounds};"
+            f" ratio against the better llama.cpp cache mode; nanoserve"
+            f" {' '.join(extra) or '(defaults)'}"
         )
         print(table(rows, title))
-        print(table([boot], f"{bench.name}: ready after (s) and RSS once loaded (MiB)"))
+        print(
+            table(
+                memory,
+                f"{bench.name}: ready after start (s; nanoserve cold: an empty timing cache),"
+                " and after the load: RSS and what each holds reserved (MiB)",
+            )
+        )
         print("wrote", write_csv(f"serve_peer_{bench.name}{args.tag}.csv", rows))
+        print("wrote", write_csv(f"serve_peer_memory_{bench.name}{args.tag}.csv", memory))
+
+
+def start_all(gguf: Path, peer: Peer, threads: int, extra: list[str]) -> dict[str, Server]:
+    """nanoserve (cold: a fresh timing cache) and llama-server in both cache modes."""
+    budget = kv_budget_for(gguf, PEER_CONTEXT)
+    flags = [str(gguf), "--max-batch", "32", "--max-model-len", "1024"]
+    flags += ["--kv-budget", str(budget), *extra]
+    os.environ["NANOSERVE_TIMING_CACHE"] = tempfile.mkdtemp(prefix="timings-")
+    servers = {"nanoserve": start_nanoserve(flags, threads)}
+    for mode, who in zip(CACHE_MODES, PEERS, strict=True):
+        servers[who] = start_llama_server(
+            peer, gguf, threads, cache_mode=mode, context=PEER_CONTEXT, parallel=32
+        )
+    return servers
+
+
+def memory_rows(
+    name: str, gguf: Path, peer: Peer, threads: int, servers: dict[str, Server]
+) -> list[dict[str, object]]:
+    rows = []
+    for who, server in servers.items():
+        if who == "nanoserve":
+            reserved = {"K/V pool (paged in as used)": nanoserve_reserved_mib(server.url)}
+        else:
+            buffers = reserved_mib(
+                peer, gguf, threads, cache_mode=who.removeprefix("llama.cpp "),
+                context=PEER_CONTEXT, parallel=32,
+            )  # fmt: skip
+            reserved = {f"{kind} buffer (allocated at start)": mib for kind, mib in buffers.items()}
+        rows.append(
+            {
+                "model": name,
+                "server": who,
+                "ready_s": server.ready_s,
+                "rss_mib": server.rss_mib(),
+                "reserved_mib": sum(reserved.values()),
+                "reserved": "; ".join(f"{k} {v:,.0f}" for k, v in reserved.items()),
+            }
+        )
+    return rows
 
 
 def model_side_by_side(
@@ -222,13 +227,8 @@ def model_side_by_side(
     threads: int,
     args: argparse.Namespace,
     extra: list[str],
-) -> tuple[list[dict[str, object]], dict[str, object]]:
-    budget = kv_budget_for(gguf, PEER_CONTEXT)
-    flags = [str(gguf), "--max-batch", "32", "--max-model-len", "1024"]
-    flags += ["--kv-budget", str(budget), *extra]
-    ours_process, ours_url, ours_ready = start_server(flags)
-    peer_process, peer_url, peer_ready = start_peer(peer, str(gguf), threads)
-    servers = {"nanoserve": ours_url, "llama.cpp": peer_url}
+) -> tuple[list[dict[str, object]], list[dict[str, object]]]:
+    servers = start_all(gguf, peer, threads, extra)
     levels = [int(c) for c in args.levels.split(",")]
     results: dict[tuple[str, int], list[dict[str, object]]] = {}
     try:
@@ -236,9 +236,10 @@ def model_side_by_side(
             for concurrency in levels:
                 order = list(servers) if round_ % 2 == 0 else list(reversed(servers))
                 for who in order:
+                    time.sleep(1.0)  # llama.cpp's threads poll a while after their work
                     row = asyncio.run(
                         level(
-                            servers[who],
+                            servers[who].url,
                             concurrency,
                             2 * concurrency,
                             args.prompt_len,
@@ -246,37 +247,43 @@ def model_side_by_side(
                             args.seed + round_,
                         )
                     )
-                    results.setdefault((who, concurrency), []).append(row)
-                    print(f"round {round_ + 1} {who:>9} c={concurrency}: "
+                    note = short_note(row, args.max_tokens)
+                    if not note:
+                        results.setdefault((who, concurrency), []).append(row)
+                    print(f"round {round_ + 1} {who:>17} c={concurrency}: "
                           f"{row['output_tok_s']:.1f} tok/s, TTFT p50 {row['ttft_p50_s']:.3f} s, "
-                          f"ITL p99 {row['itl_p99_ms']:.0f} ms", flush=True)  # fmt: skip
-        boot = {
-            "model": name,
-            "nanoserve_ready_s": ours_ready,
-            "llamacpp_ready_s": peer_ready,
-            "ready_ratio": ours_ready / peer_ready,
-            "nanoserve_rss_mib": rss_mib(ours_process),
-            "llamacpp_rss_mib": rss_mib(peer_process),
-            "rss_ratio": rss_mib(ours_process) / rss_mib(peer_process),
-        }
+                          f"ITL p99 {row['itl_p99_ms']:.0f} ms {note}".rstrip(), flush=True)  # fmt: skip
+        memory = memory_rows(name, gguf, peer, threads, servers)
     finally:
-        stop(ours_process)
-        stop(peer_process)
+        for server in servers.values():
+            server.stop()
     rows = []
+    nan = float("nan")
     for concurrency in levels:
         median = {
             who: {
-                key: statistics.median(float(r[key]) for r in results[(who, concurrency)])  # type: ignore[arg-type]
+                key: statistics.median(float(r[key]) for r in runs)  # type: ignore[arg-type]
                 for key in METRICS
             }
+            if (runs := results.get((who, concurrency)))
+            else dict.fromkeys(METRICS, nan)
             for who in servers
         }
-        ours, theirs = median["nanoserve"], median["llama.cpp"]
+        ours = median["nanoserve"]
+        best = max(PEERS, key=lambda who: _or_zero(median[who]["output_tok_s"]))
+        theirs = median[best]
         rows.append(
             {
                 "concurrency": concurrency,
+                "valid_rounds": "/".join(
+                    str(len(results.get((who, concurrency), []))) for who in servers
+                ),
                 "nanoserve_tok_s": ours["output_tok_s"],
-                "llamacpp_tok_s": theirs["output_tok_s"],
+                **{
+                    f"{who.replace('llama.cpp ', 'llamacpp_')}_tok_s": median[who]["output_tok_s"]
+                    for who in PEERS
+                },
+                "best_peer": best.removeprefix("llama.cpp "),
                 "ratio": ours["output_tok_s"] / theirs["output_tok_s"],
                 "nanoserve_ttft_p50_s": ours["ttft_p50_s"],
                 "llamacpp_ttft_p50_s": theirs["ttft_p50_s"],
@@ -286,7 +293,11 @@ def model_side_by_side(
                 "llamacpp_itl_p99_ms": theirs["itl_p99_ms"],
             }
         )
-    return rows, boot
+    return rows, memory
+
+
+def _or_zero(value: float) -> float:
+    return 0.0 if value != value else value  # a level with no valid round ranks last
 
 
 def main() -> None:
@@ -308,35 +319,28 @@ def main() -> None:
     if args.peer:
         side_by_side(args, extra)
         return
-    process = None
-    url = args.url
-    if args.start:
-        process, url, _ = start_server(extra)
+    server = start_nanoserve(extra, bench_threads()) if args.start else None
+    url = server.url if server is not None else args.url
     if not url:
         raise SystemExit("give --url of a running server, or --start")
     try:
         rows = []
         for concurrency in (int(c) for c in args.levels.split(",")):
-            rows.append(
-                asyncio.run(
-                    level(
-                        url,
-                        concurrency,
-                        2 * concurrency,
-                        args.prompt_len,
-                        args.max_tokens,
-                        args.seed,
-                    )
+            row = asyncio.run(
+                level(
+                    url, concurrency, 2 * concurrency, args.prompt_len, args.max_tokens, args.seed
                 )
             )
+            if note := short_note(row, args.max_tokens):
+                print(f"concurrency {concurrency}: {note}")
+            rows.append(row)
             print(table(rows[-1:], f"concurrency {concurrency}"), flush=True)
         title = f"serve: {args.prompt_len}-token prompts, {args.max_tokens} output tokens {' '.join(extra)}"
         print(table(rows, title))
         print("wrote", write_csv(f"serve{args.tag}.csv", rows))
     finally:
-        if process is not None:
-            process.send_signal(signal.SIGTERM)
-            process.wait(timeout=60)
+        if server is not None:
+            server.stop()
 
 
 if __name__ == "__main__":

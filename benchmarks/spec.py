@@ -1,15 +1,21 @@
-"""Speculative decoding, side by side: nanoserve and llama.cpp, each with and without it.
+"""Speculative decoding, side by side: nanoserve and llama.cpp, each at its best, with and without.
 
     python -m benchmarks.spec [--models smollm2-135m,qwen2.5-coder-0.5b] [--levels 1,4,32]
-                              [--rounds 3] [--max-tokens 128]
+                              [--rounds 3] [--max-tokens 128] [--spec-types ...]
+                              [--peer-cache split,unified]
     python -m benchmarks.spec --models qwen2.5-coder-1.5b --draft qwen2.5-coder-0.5b
 
-Four servers per model, all up at once and run one at a time, alternating the order per round:
-nanoserve without speculation, nanoserve `--speculative-config ngram`, llama-server without
-and llama-server with its prompt lookup (`--spec-type ngram-simple`, lookup n-gram 3, drafts
-up to 8, as ours). With `--draft`, the two that speculate do so with that model of the set as
-the draft instead: nanoserve `--draft-model`, llama-server `-md` (both drafting up to 5
-tokens, greedy). Two workloads of chat requests, greedy:
+Per model, nanoserve without speculation and with `--speculative-config ngram` (or, with
+`--draft`, `--draft-model`), and llama-server in every configuration asked for: without
+speculation, and with each of its speculation types (`ngram-simple`, `ngram-map-k`,
+`ngram-map-k4v`, `ngram-mod`, `ngram-cache`, each at its own defaults, drafts up to 8 as ours;
+with `--draft`, `-md` drafting up to 5, as ours), each in both of its cache modes (the split
+per-slot default of `-np 32`, and `-kvu`; a 32,768-token cache, so a split slot holds 1,024).
+Every server gets the same threads. Servers are run one configuration at a time (all of them up
+at once would not fit beside each other on small machines): each runs every round of every
+level; the order of configurations alternates per round only within nanoserve's pair.
+
+Two workloads of chat requests, greedy, `ignore_eos`, exactly `--max-tokens` each:
 
 - repeat-heavy: a Python function from the standard library (a distinct one per request) and
   the instruction to write it out again with a new name and a docstring: most of the answer
@@ -17,10 +23,15 @@ tokens, greedy). Two workloads of chat requests, greedy:
 - chat: a distinct short writing prompt per request: free text, little to look up.
 
 Each level sends `concurrency` requests (at least 2) at once and reports output tok/s (the
-usage's completion tokens over the level's wall time), medians over rounds, and the ratios
-that issue 25 names: ours with / ours without, and ours with / llama.cpp with. The acceptance
-rate is read from each server (nanoserve's /metrics; llama.cpp's `timings`). Greedy outputs of
-nanoserve with and without speculation are compared request by request: they must be equal.
+usage's completion tokens over the level's wall time); a request whose usage counts fewer than
+`--max-tokens` invalidates its round (said, and left out). Whether a server speculated is read
+from its own counters (nanoserve's /metrics; llama-server's `llamacpp:spec_decode_*` on
+`--metrics`, cross-checked against the answers' `timings.draft_n`): a configuration that drafted
+nothing is reported as "did not speculate" and never enters a ratio. The ratios: ours with /
+ours without; our best (with or without) / llama.cpp's best (any configuration that ran,
+speculating or plain); our best / llama.cpp without speculation at its better cache mode.
+Greedy outputs of nanoserve with and without speculation are compared request by request: they
+must be equal.
 """
 
 from __future__ import annotations
@@ -31,23 +42,25 @@ import asyncio
 import inspect
 import re
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import httpx
 
 from benchmarks.common import cpu_line, pin_threads, table, write_csv
-from benchmarks.peer import Peer
-from benchmarks.serve import free_port, kv_budget_for, start_server, stop, wait_ready
+from benchmarks.peer import CACHE_MODES, Peer, start_llama_server
+from benchmarks.peer import spec_counters as peer_counters
+from benchmarks.serve import kv_budget_for
+from benchmarks.servers import Server, bench_threads, start_nanoserve
 
 MODULES = ("textwrap", "json.encoder", "shlex", "fractions", "difflib", "statistics", "heapq")
 TOPICS = ("a lighthouse", "the first snow", "a city market", "an old violin", "a desert road",
           "a summer storm", "a chess game", "a mountain lake")  # fmt: skip
 FORMS = ("a short poem", "a paragraph of advice", "a short story opening", "a product review")
-CONTEXT = 16384
+CONTEXT = 16384  # nanoserve's pool, in tokens
+PEER_CONTEXT = 32768  # llama-server's cache: 1,024 tokens a slot when split 32 ways
+NGRAM_TYPES = ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache")
 
 
 def functions(count: int) -> list[tuple[str, str]]:
@@ -86,6 +99,7 @@ async def one(client: httpx.AsyncClient, prompt: str, max_tokens: int, model: st
         "messages": [{"role": "user", "content": prompt}],
         "max_tokens": max_tokens,
         "temperature": 0.0,
+        "ignore_eos": True,
     }
     response = await client.post("/v1/chat/completions", json=body)
     if response.status_code != 200:
@@ -106,11 +120,12 @@ async def level(url: str, texts: list[str], concurrency: int, max_tokens: int) -
         started = time.perf_counter()
         answers = await asyncio.gather(*(bounded(p) for p in texts))
         seconds = time.perf_counter() - started
-    tokens = sum(a["usage"]["completion_tokens"] for a in answers)
+    counts = [int(a.get("usage", {}).get("completion_tokens", 0)) for a in answers]
     drafted = sum(a.get("timings", {}).get("draft_n", 0) for a in answers)
     accepted = sum(a.get("timings", {}).get("draft_n_accepted", 0) for a in answers)
     return {
-        "tok_s": tokens / seconds,
+        "tok_s": sum(counts) / seconds,
+        "short": sum(c < max_tokens for c in counts),  # > 0: the round is invalid
         "texts": [a["choices"][0]["message"]["content"] for a in answers],
         "drafted": drafted,
         "accepted": accepted,
@@ -127,27 +142,53 @@ def spec_counters(url: str) -> tuple[float, float]:
     return values["spec_decode_num_draft_tokens"], values["spec_decode_num_accepted_tokens"]
 
 
-def start_llama(
-    peer: Peer, gguf: Path, threads: int, spec: bool, draft: Path | None = None
-) -> tuple[subprocess.Popen, str]:
-    port = free_port()
-    command = [
-        peer.binary("llama-server"), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port),
-        "-t", str(threads), "-tb", str(threads), "-c", str(CONTEXT), "-np", "32", "-kvu",
-        "--no-webui", "--jinja",
-    ]  # fmt: skip
-    if spec and draft is not None:
-        command += ["-md", str(draft), "--spec-draft-n-max", "5", "-td", str(threads)]
-    elif spec:
-        command += [
-            "--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", "3",
-            "--spec-ngram-simple-size-m", "8", "--spec-draft-n-max", "8",
-        ]  # fmt: skip
-    log = tempfile.NamedTemporaryFile("w+", prefix="llama-spec-", suffix=".log", delete=False)  # noqa: SIM115 (the server holds it)
-    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, text=True)
-    url = f"http://127.0.0.1:{port}"
-    wait_ready(process, url, "llama-server")
-    return process, url
+def peer_configs(types: list[str], cache_modes: list[str], draft: Path | None) -> list[str]:
+    """llama-server configurations: "plain <mode>" and "<type> <mode>" for every type asked."""
+    kinds = ["plain", *(["draft-simple"] if draft is not None else types)]
+    return [f"{kind} {mode}" for kind in kinds for mode in cache_modes]
+
+
+def peer_flags(kind: str, draft: Path | None, threads: int) -> tuple[str, ...]:
+    if kind == "plain":
+        return ()
+    if kind == "draft-simple":
+        assert draft is not None
+        return ("-md", str(draft), "--spec-draft-n-max", "5", "-td", str(threads),
+                "-tbd", str(threads))  # fmt: skip
+    flags = ("--spec-type", kind)
+    if kind == "ngram-simple":  # its defaults look up 12-grams; ours 4..2: also our draft size
+        flags += ("--spec-ngram-simple-size-n", "3", "--spec-ngram-simple-size-m", "8")
+    return (*flags, "--spec-draft-n-max", "8")
+
+
+def run_levels(
+    server: Server,
+    who: str,
+    args: argparse.Namespace,
+    levels: list[int],
+    results: dict[tuple[str, str, int], list[dict]],
+    counters: object,
+) -> None:
+    """Every workload and level on one server for one round, drafts counted by `counters`."""
+    for workload in ("repeat", "chat"):
+        for concurrency in levels:
+            texts = prompts(workload, max(2, concurrency))
+            time.sleep(1.0)  # llama.cpp's threads poll a while after their work
+            before = counters(server.url) if counters else (0.0, 0.0)  # type: ignore[operator]
+            row = asyncio.run(level(server.url, texts, concurrency, args.max_tokens))
+            if counters:
+                after = counters(server.url)  # type: ignore[operator]
+                row["drafted"], row["accepted"] = (
+                    a - b for a, b in zip(after, before, strict=True)
+                )
+            note = ""
+            if row["short"]:
+                note = f" INVALID: {row['short']} answers short of {args.max_tokens} tokens"
+            else:
+                results.setdefault((workload, who, concurrency), []).append(row)
+            print(f"{workload:>6} c={concurrency:<2} {who:>24}: {row['tok_s']:.1f} tok/s,"
+                  f" drafted {row['drafted']:.0f}, accepted {row['accepted']:.0f}{note}",
+                  flush=True)  # fmt: skip
 
 
 def run_model(
@@ -156,87 +197,103 @@ def run_model(
     budget = kv_budget_for(gguf, CONTEXT)
     flags = [str(gguf), "--max-batch", "32", "--max-model-len", "2048", "--kv-budget", str(budget)]
     spec = ["--draft-model", str(draft)] if draft else ["--speculative-config", "ngram"]
-    processes, servers = [], {}
+    levels = [int(c) for c in args.levels.split(",")]
+    results: dict[tuple[str, str, int], list[dict]] = {}
+    ours = {
+        "ours": start_nanoserve(flags, threads),
+        "ours+spec": start_nanoserve(flags + spec, threads),
+    }
     try:
-        for who, extra in (("ours", []), ("ours+spec", spec)):
-            process, url, _ = start_server(flags + extra)
-            processes.append(process)
-            servers[who] = url
-        if peer is not None:
-            for who, spec in (("llama.cpp", False), ("llama.cpp+spec", True)):
-                process, url = start_llama(peer, gguf, threads, spec, draft)
-                processes.append(process)
-                servers[who] = url
-        levels = [int(c) for c in args.levels.split(",")]
-        results: dict[tuple[str, str, int], list[dict]] = {}
         for round_ in range(args.rounds):
-            for workload in ("repeat", "chat"):
-                for concurrency in levels:
-                    texts = prompts(workload, max(2, concurrency))
-                    order = list(servers) if round_ % 2 == 0 else list(reversed(servers))
-                    for who in order:
-                        time.sleep(1.0)  # llama.cpp's threads poll a while after their work
-                        before = spec_counters(servers[who]) if who == "ours+spec" else (0, 0)
-                        row = asyncio.run(level(servers[who], texts, concurrency, args.max_tokens))
-                        if who == "ours+spec":
-                            after = spec_counters(servers[who])
-                            row["drafted"], row["accepted"] = (
-                                a - b for a, b in zip(after, before, strict=True)
-                            )
-                        results.setdefault((workload, who, concurrency), []).append(row)
-                        print(f"round {round_ + 1} {workload:>6} c={concurrency:<2} {who:>14}:"
-                              f" {row['tok_s']:.1f} tok/s", flush=True)  # fmt: skip
+            order = list(ours) if round_ % 2 == 0 else list(reversed(ours))
+            for who in order:
+                counters = spec_counters if who == "ours+spec" else None
+                run_levels(ours[who], who, args, levels, results, counters)
     finally:
-        for process in processes:
-            stop(process)
+        for server in ours.values():
+            server.stop()
+    configs = []
+    if peer is not None:
+        types = args.spec_types.split(",") if args.spec_types else list(NGRAM_TYPES)
+        configs = peer_configs(types, args.peer_cache.split(","), draft)
+        for config in configs:
+            kind, mode = config.split()
+            server = start_llama_server(
+                peer, gguf, threads, cache_mode=mode, context=PEER_CONTEXT, parallel=32,
+                extra=("--jinja", *peer_flags(kind, draft, threads)),
+            )  # fmt: skip
+            try:
+                for _ in range(args.rounds):
+                    run_levels(server, config, args, levels, results, peer_counters)
+            finally:
+                server.stop()
+    return summarize(name, draft, levels, results, configs)
+
+
+def summarize(
+    name: str,
+    draft: Path | None,
+    levels: list[int],
+    results: dict[tuple[str, str, int], list[dict]],
+    configs: list[str],
+) -> list[dict]:
     rows = []
+    nan = float("nan")
     for workload in ("repeat", "chat"):
         for concurrency in levels:
-            med = {
-                who: statistics.median(r["tok_s"] for r in results[(workload, who, concurrency)])
-                for who in servers
-            }
-            runs = results[(workload, "ours+spec", concurrency)]
-            plain = results[(workload, "ours", concurrency)]
+
+            def med(who: str, workload: str = workload, concurrency: int = concurrency) -> float:
+                runs = results.get((workload, who, concurrency), [])
+                return statistics.median(r["tok_s"] for r in runs) if runs else nan
+
+            runs = results.get((workload, "ours+spec", concurrency), [])
+            plain = results.get((workload, "ours", concurrency), [])
             same = sum(
                 a == b
-                for r, p in zip(runs, plain, strict=True)
+                for r, p in zip(runs, plain, strict=False)
                 for a, b in zip(r["texts"], p["texts"], strict=True)
             )
-            total = sum(len(r["texts"]) for r in runs)
+            ours_best = max(_num(med("ours")), _num(med("ours+spec")))
             row = {
                 "model": name,
                 "speculation": f"draft {draft.name}" if draft else "ngram",
                 "workload": workload,
                 "streams": concurrency,
-                "ours_tok_s": med["ours"],
-                "ours_spec_tok_s": med["ours+spec"],
-                "spec_gain": med["ours+spec"] / med["ours"],
-                # each round's pair, run back to back, then the median: a shared machine's
-                # slow minutes slow both sides of a pair
-                "spec_gain_paired": _paired(results, workload, concurrency, "ours+spec", "ours"),
+                "ours_tok_s": med("ours"),
+                "ours_spec_tok_s": med("ours+spec"),
+                "spec_gain": med("ours+spec") / med("ours"),
                 "ours_acceptance": _rate(runs),
-                "identical": f"{same}/{total}",
+                "identical": f"{same}/{sum(len(r['texts']) for r in runs)}",
             }
-            if peer is not None:
-                lspec = results[(workload, "llama.cpp+spec", concurrency)]
+            if configs:
+                speculated = {}
+                for config in configs:
+                    peer_runs = results.get((workload, config, concurrency), [])
+                    drafted = sum(r["drafted"] for r in peer_runs)
+                    if config.startswith("plain") or drafted > 0:
+                        speculated[config] = med(config)
+                    row[f"llama {config}"] = (
+                        f"{med(config):.1f} ({_rate(peer_runs):.0%} of {drafted:.0f})"
+                        if drafted
+                        else f"{med(config):.1f}"
+                        + ("" if config.startswith("plain") else " did not speculate")
+                    )
+                plain_best = max(
+                    (c for c in speculated if c.startswith("plain")),
+                    key=lambda c: _num(speculated[c]),
+                )
+                peer_best = max(speculated, key=lambda c: _num(speculated[c]))
                 row.update(
-                    llama_tok_s=med["llama.cpp"],
-                    llama_spec_tok_s=med["llama.cpp+spec"],
-                    llama_spec_gain=med["llama.cpp+spec"] / med["llama.cpp"],
-                    llama_acceptance=_rate(lspec),
-                    vs_llama_spec=med["ours+spec"] / med["llama.cpp+spec"],
-                    vs_llama_spec_paired=_paired(
-                        results, workload, concurrency, "ours+spec", "llama.cpp+spec"
-                    ),
+                    llama_best=peer_best,
+                    vs_llama_best=ours_best / speculated[peer_best],
+                    vs_llama_plain=ours_best / speculated[plain_best],
                 )
             rows.append(row)
     return rows
 
 
-def _paired(results: dict, workload: str, concurrency: int, top: str, bottom: str) -> float:
-    ups, downs = results[(workload, top, concurrency)], results[(workload, bottom, concurrency)]
-    return statistics.median(u["tok_s"] / d["tok_s"] for u, d in zip(ups, downs, strict=True))
+def _num(value: float) -> float:
+    return -1.0 if value != value else value
 
 
 def _rate(runs: list[dict]) -> float:
@@ -255,8 +312,10 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--no-peer", action="store_true")
     parser.add_argument("--draft", help="a model of the set to draft with (default: ngram)")
+    parser.add_argument("--spec-types", help=f"llama.cpp's types to run (default: {NGRAM_TYPES})")
+    parser.add_argument("--peer-cache", default=",".join(CACHE_MODES), help="split,unified")
     args = parser.parse_args()
-    threads = pin_threads()
+    threads = pin_threads(bench_threads())
     print(cpu_line())
     draft = served_models(args.draft)[0].path if args.draft else None
     all_rows = []

@@ -3,10 +3,11 @@
     python -m benchmarks.startup [--models qwen2.5-coder-1.5b] [--runs 5] [-- serve flags]
 
 Per model of the set (benchmarks/models.py; default the 1.5B, the issue's startup target), --runs
-rounds, each of three boots in turn: nanoserve "cold" (an empty timing cache, a fresh folder in
+rounds, each of four boots in turn: nanoserve "cold" (an empty timing cache, a fresh folder in
 $NANOSERVE_TIMING_CACHE), nanoserve "warm" (a cache that two earlier boots filled, as a second
-start of the same server finds it), and `llama-server -np 32 -kvu -c 16384` (FACTS'
-configuration). nanoserve serves with the pool of the same 16,384 tokens, as `serve --peer` does.
+start of the same server finds it), and `llama-server -np 32 -c 16384` in both of its cache
+modes (split per slot, its default with `-np`, and `-kvu`); every server gets the same threads.
+nanoserve serves with the pool of the same 16,384 tokens, as `serve --peer` does.
 The file is read once first, so every boot finds it in the page cache; the kernels are built
 before the first run (their one-time build is not a boot's). Each process is stopped before the
 next starts. Prints the runs, their medians, the ratios to llama-server's median of the same
@@ -23,10 +24,12 @@ from pathlib import Path
 
 from benchmarks.common import cpu_line, pin_threads, table, write_csv
 from benchmarks.models import served_models
-from benchmarks.peer import find_peer
-from benchmarks.serve import PEER_CONTEXT, kv_budget_for, rss_mib, start_peer, start_server, stop
+from benchmarks.peer import CACHE_MODES, find_peer, start_llama_server
+from benchmarks.serve import PEER_CONTEXT, kv_budget_for
+from benchmarks.servers import bench_threads, start_nanoserve
 
-KINDS = ("nanoserve cold", "nanoserve warm", "llama-server")
+PEER_KINDS = tuple(f"llama-server {mode}" for mode in CACHE_MODES)
+KINDS = ("nanoserve cold", "nanoserve warm", *PEER_KINDS)
 
 
 def read_through(path: Path) -> None:
@@ -38,20 +41,21 @@ def read_through(path: Path) -> None:
 
 def boot(kind: str, flags: list[str], gguf: Path, threads: int, cache: str) -> tuple[float, float]:
     """One boot of `kind`: seconds to ready and RSS (MiB) once ready; the process is stopped."""
-    if kind == "llama-server":
+    if kind in PEER_KINDS:
         peer = find_peer(gguf)
         if peer is None:
             raise SystemExit("llama-server not found")
-        process, _, ready = start_peer(peer, str(gguf), threads)
+        mode = kind.removeprefix("llama-server ")
+        server = start_llama_server(peer, gguf, threads, cache_mode=mode, context=PEER_CONTEXT)
     else:
         os.environ["NANOSERVE_TIMING_CACHE"] = (
             tempfile.mkdtemp(prefix="timings-") if kind == "nanoserve cold" else cache
         )
-        process, _, ready = start_server(flags)
+        server = start_nanoserve(flags, threads)
     try:
-        return ready, rss_mib(process)
+        return server.ready_s, server.rss_mib()
     finally:
-        stop(process)
+        server.stop()
 
 
 def main() -> None:
@@ -60,7 +64,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=5)
     args, extra = parser.parse_known_args()
     extra = [a for a in extra if a != "--"]
-    threads = pin_threads()
+    threads = pin_threads(bench_threads())
     print(cpu_line())
     from nanoserve.runtime.kernels.cpu_kernels import load_cpu_kernels
 
@@ -78,7 +82,7 @@ def main() -> None:
         for _ in range(args.runs):
             for kind in KINDS:
                 runs[kind].append(boot(kind, flags, model.path, threads, warm_cache))
-        peer_median = statistics.median(r for r, _ in runs["llama-server"])
+        peer_median = min(statistics.median(r for r, _ in runs[kind]) for kind in PEER_KINDS)
         for kind in KINDS:
             ready = statistics.median(r for r, _ in runs[kind])
             summary.append(
@@ -87,12 +91,12 @@ def main() -> None:
                     "server": kind,
                     "runs_s": " ".join(f"{r:.2f}" for r, _ in runs[kind]),
                     "ready_median_s": round(ready, 3),
-                    "ratio_to_llama": round(ready / peer_median, 3),
+                    "ratio_to_faster_llama": round(ready / peer_median, 3),
                     "rss_mib": round(statistics.median(m for _, m in runs[kind]), 1),
                 }
             )
     print(table(summary, f"ready after (s), {args.runs} alternating runs, {threads} threads"))
-    write_csv("startup", summary)
+    print("wrote", write_csv("startup.csv", summary))
 
 
 if __name__ == "__main__":

@@ -225,6 +225,7 @@ class FakeEngine:
             quantize=None,
             device="cpu",
             cpu="AVX2 (avx2 fma f16c)",
+            threads=2,
             kernels="float32 torch/mkl",
             weights=None,
             weight_fallbacks=None,

@@ -80,6 +80,7 @@ async def test_health_when_ready() -> None:
         "quantize": None,
         "device": "cpu",
         "cpu": "AVX2 (avx2 fma f16c)",
+        "threads": 2,
         "kernels": "float32 torch/mkl",
         "weights": None,
         "weight_fallbacks": None,

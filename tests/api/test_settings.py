@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 
 import pytest
 
@@ -135,3 +136,34 @@ def test_a_server_picks_its_forms_by_checkpoint_and_cpu() -> None:
     assert (dense.quantize, dense.dtype) == (None, cpu_features().auto_dtype())
     assert resolved("--quantize", "q4").dtype == "bfloat16"
     assert resolved("--quantize", "q4", "--dtype", "float32").dtype == "float32"
+
+
+def test_threads_from_the_flag_the_environment_or_the_cpus_available() -> None:
+    assert settings().engine.threads == "auto"  # the server's default: the affinity mask
+    assert settings("--threads", "3").engine.threads == 3
+    assert ServerSettings.from_env({"NANOSERVE_THREADS": "1"}).engine.threads == 1
+    resolved = settings().engine.resolve(model_max_len=64)
+    assert resolved.threads == len(os.sched_getaffinity(0))
+    assert settings("--threads", "5").engine.resolve(model_max_len=64).threads == 5
+
+
+@pytest.mark.parametrize("value", ["0", "-2", "two"])
+def test_a_thread_count_below_one_is_one_line_and_exit_2(
+    capsys: pytest.CaptureFixture[str], value: str
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["serve", "--threads", value, "--port", "1"])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    reason = (
+        f"{value!r} is not auto or a number of threads"
+        if value == "two"
+        else f"{value!r}: a server needs at least 1 thread"
+    )
+    assert err.splitlines()[-1] == f"nanoserve serve: error: argument --threads: {reason}"
+
+
+def test_a_bad_thread_count_in_the_environment_is_named() -> None:
+    with pytest.raises(EngineConfigError, match="NANOSERVE_THREADS: '0': a server needs at least"):
+        ServerSettings.from_env({"NANOSERVE_THREADS": "0"})

@@ -7,11 +7,12 @@ import threading
 from pathlib import Path
 
 import pytest
+import torch
 
 from nanoserve.core import Shape
 from nanoserve.runtime.decode.warmup import WarmupCancelled
 from nanoserve.runtime.engine.build import build_engine
-from nanoserve.runtime.engine_config import EngineConfig, EngineConfigError
+from nanoserve.runtime.engine_config import EngineConfig, EngineConfigError, available_cpus
 from nanoserve.runtime.errors import CheckpointError
 
 
@@ -251,3 +252,31 @@ def test_the_collector_is_off_during_the_boot_and_restored_after(tiny_llama_dir:
         assert not gc.isenabled()
     finally:
         gc.enable()
+
+
+def test_threads_set_torch_s_count_and_are_on_the_boot_line(tiny_llama_dir: Path) -> None:
+    before = torch.get_num_threads()
+    try:
+        engine, lines = boot(tiny_llama_dir, threads=1)
+        assert torch.get_num_threads() == 1
+        assert " threads=1 " in lines[-1] and engine.status().threads == 1
+        assert not any(line.startswith("warning:") for line in lines)
+        too_many = available_cpus() + 1
+        engine, lines = boot(tiny_llama_dir, threads=too_many)
+        assert torch.get_num_threads() == too_many and engine.status().threads == too_many
+        assert f"warning: {too_many} threads on {available_cpus()} available CPUs" in lines[0]
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_the_library_leaves_torch_s_thread_count_alone(tiny_llama_dir: Path) -> None:
+    before = torch.get_num_threads()
+    engine, lines = boot(tiny_llama_dir)
+    assert torch.get_num_threads() == before and engine.status().threads == before
+    assert f" threads={before} " in lines[-1]
+
+
+@pytest.mark.parametrize("threads", [0, -1, True, "4"])
+def test_a_thread_count_must_be_positive(threads: object) -> None:
+    with pytest.raises(EngineConfigError, match="threads must be a positive integer or auto"):
+        EngineConfig(threads=threads)  # type: ignore[arg-type]

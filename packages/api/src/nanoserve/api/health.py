@@ -31,6 +31,7 @@ class Health(Struct, kw_only=True):
     quantize: str | None
     device: str
     cpu: str
+    threads: int  # the kernels' and torch's intra-op threads (--threads)
     kernels: str
     weights: str | None
     weight_fallbacks: str | None
@@ -51,6 +52,7 @@ class Health(Struct, kw_only=True):
             quantize=status.quantize,
             device=status.device,
             cpu=status.cpu,
+            threads=status.threads,
             kernels=status.kernels,
             weights=status.weights,
             weight_fallbacks=status.weight_fallbacks,

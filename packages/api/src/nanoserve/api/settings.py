@@ -59,6 +59,20 @@ def parse_prefill_budget(text: str) -> str | int:
     return tokens
 
 
+def parse_threads(text: str) -> int | str:
+    """'auto' (the CPUs this process may run on) or a positive number of threads."""
+    lowered = str(text).strip().lower()
+    if lowered == "auto":
+        return lowered
+    try:
+        threads = int(lowered)
+    except ValueError:
+        raise EngineConfigError(f"{text!r} is not auto or a number of threads") from None
+    if threads < 1:
+        raise EngineConfigError(f"{text!r}: a server needs at least 1 thread")
+    return threads
+
+
 def parse_bool(text: str) -> bool:
     lowered = str(text).strip().lower()
     if lowered in ("1", "true", "yes", "on"):
@@ -96,6 +110,13 @@ OPTIONS: tuple[Option, ...] = (
         str,
         "auto | gguf | q4 | q8 | int8 | none (default auto: gguf, a GGUF's tensors each in its"
         " own blocks on nanoserve's CPU kernels; else none: the dtype)",
+    ),
+    Option(
+        "--threads",
+        "threads",
+        parse_threads,
+        "compute threads, the kernels' and torch's: N or auto (default auto: the CPUs this"
+        " process may run on)",
     ),
     Option("--max-batch", "max_batch", int, "rows a step may hold (default 32)"),
     Option("--max-model-len", "max_model_len", int, "longest context served"),

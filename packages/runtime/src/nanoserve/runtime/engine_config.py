@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, fields
 from enum import Enum
 
@@ -61,7 +62,31 @@ class DecodeMode(str, Enum):
 # What a server changes of EngineConfig's defaults: EngineConfig() is the library's exact mode
 # (fp32 weights, no prefill budget: the same tokens on every CPU), and `nanoserve serve` picks
 # by CPU and checkpoint. The one place both sets of defaults are written.
-SERVER_DEFAULTS: dict[str, str] = {"dtype": AUTO, "quantize": AUTO, "prefill_budget": AUTO}
+SERVER_DEFAULTS: dict[str, str] = {
+    "dtype": AUTO,
+    "quantize": AUTO,
+    "prefill_budget": AUTO,
+    "threads": AUTO,
+}
+
+
+def available_cpus() -> int:
+    """The CPUs this process may run on: its affinity mask (a container's or `taskset`'s
+    limit), not the machine's count."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def resolve_threads(threads: int | str | None) -> int:
+    """The compute threads an engine runs on: N; "auto", the CPUs the process may run on;
+    None, torch's count as the engine finds it (the library leaves the process's setting)."""
+    if threads == AUTO:
+        return available_cpus()
+    if threads is None:
+        return torch.get_num_threads()
+    return int(threads)
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +125,9 @@ class EngineConfig:
     step_timeout: float | None = 120.0
     # Speculative decoding (prompt lookup); None: off. Greedy output is unchanged by it.
     speculative: SpeculativeConfig | None = None
+    # The kernels' and torch's intra-op threads: N; "auto", the CPUs the process may run on (the
+    # server's default); None, torch's count as it is (the library's: a process's setting).
+    threads: int | str | None = None
 
     def __post_init__(self) -> None:
         """Refuse what no model could make possible; change nothing (resolve() decides)."""
@@ -135,6 +163,13 @@ class EngineConfig:
             raise EngineConfigError(
                 f"prefill_budget must be 'auto', a positive number of tokens or unset, got {budget!r}"
             )
+        threads = self.threads
+        if (
+            threads is not None
+            and threads != AUTO
+            and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1)
+        ):
+            raise EngineConfigError(f"threads must be a positive integer or auto, got {threads!r}")
         for name in ("max_model_len", "warm_max_rows", "warm_max_width", "max_waiting"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):
@@ -195,6 +230,7 @@ class EngineConfig:
             served_model_name=self.served_model_name,
             step_timeout=self.step_timeout,
             speculative=self.speculative,
+            threads=resolve_threads(self.threads),
         )
 
     def as_dict(self) -> dict[str, object]:
@@ -230,6 +266,7 @@ class ResolvedConfig:
     served_model_name: str | None
     step_timeout: float | None  # None: no watchdog
     speculative: SpeculativeConfig | None  # None: no speculation
+    threads: int  # the kernels' and torch's intra-op threads
 
     @property
     def torch_dtype(self) -> torch.dtype:

@@ -15,6 +15,8 @@ from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
 
+import torch
+
 from nanoserve.core import Shape
 from nanoserve.core.draft_budget import DraftCost
 from nanoserve.runtime.decode.warmup import WarmEstimate, WarmPlan, WarmupReport, check_cancelled
@@ -23,7 +25,7 @@ from nanoserve.runtime.engine.engine import Engine
 from nanoserve.runtime.engine.faults import FaultPlan, FaultyEngine
 from nanoserve.runtime.engine.sampling_params import SamplingParams
 from nanoserve.runtime.engine.timing_cache import TOLERANCE
-from nanoserve.runtime.engine_config import EngineConfig
+from nanoserve.runtime.engine_config import EngineConfig, available_cpus, resolve_threads
 from nanoserve.runtime.errors import ChatTemplateError
 from nanoserve.runtime.kernels.cpu_features import cpu_features
 from nanoserve.runtime.kernels.cpu_kernels import kernels_available
@@ -85,6 +87,7 @@ def _build_engine(
     config: EngineConfig, say: Callable[[str], None], cancel: threading.Event | None
 ) -> Engine:
     started = time.perf_counter()
+    use_threads(config, say)
     # A GGUF is opened in place (its header; the weights are a memory map): its tensor types
     # decide what "auto" serves.
     path = resolve_model_path(config.model)
@@ -156,6 +159,21 @@ def _build_engine(
     first_forward(engine)
     say(boot_line(engine, engine.mark_ready() or 0.0))
     return engine
+
+
+def use_threads(config: EngineConfig, say: Callable[[str], None]) -> None:
+    """Set the compute threads before anything runs (packing the weights is threaded too): the
+    kernels split their work over torch's intra-op threads, so one count sets both. More than
+    the CPUs available is allowed (a user may know better), and said."""
+    if config.threads is None:
+        return
+    threads = resolve_threads(config.threads)
+    torch.set_num_threads(threads)
+    if threads > (cpus := available_cpus()):
+        say(
+            f"warning: {threads} threads on {cpus} available CPUs: threads will wait for each"
+            " other (a step's work is split evenly between them)"
+        )
 
 
 def warm_engine(
@@ -234,6 +252,7 @@ def boot_line(engine: Engine, seconds: float) -> str:
         + (f"+{engine.config.quantize}" if engine.config.quantize else ""),
         f"device={engine.config.device}",
         f"cpu={cpu_features().capability}",
+        f"threads={engine.config.threads}",
         f"kernels={engine.runner.model.kernels}",
         *([f"weights=[{types}]"] if (types := engine.runner.model.weight_types) else []),
         f"kv_blocks={plan.num_blocks}x{plan.block_size}",

@@ -37,6 +37,7 @@ class EngineStatus:
     quantize: str | None
     device: str
     cpu: str  # the host CPU's dispatch level and deciding flags: "AVX512 (avx2 fma ...)"
+    threads: int  # the kernels' and torch's intra-op threads
     kernels: str  # what runs the linears: "gguf nanoserve/avx2", "float32 torch/mkl", ...
     weights: str | None  # the GGUF types served, per tensor: "q5_0×133 q8_0×13 ..."; None: floats
     weight_fallbacks: str | None  # stored types served re-quantized: "f16×1 as q8_0 (...)"
@@ -72,6 +73,7 @@ def snapshot(engine: Engine) -> EngineStatus:
         quantize=config.quantize,
         device=config.device,
         cpu=cpu_features().describe(),
+        threads=config.threads,
         kernels=engine.runner.model.kernels,
         weights=engine.runner.model.weight_types,
         weight_fallbacks=engine.runner.model.weight_fallbacks,
