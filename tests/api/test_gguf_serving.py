@@ -75,14 +75,21 @@ async def test_a_mixed_gguf_is_served_in_its_own_types(tiny_mixed_gguf: Path) ->
 
 
 async def test_speculation_is_served_and_changes_no_greedy_answer(tiny_mixed_gguf: Path) -> None:
-    """The same file with prompt lookup on: the same greedy text for prompts that quote
-    themselves, the speculator's counters on /health and /metrics, and no block left held."""
+    """The same file with prompt lookup on, priced free so that every row with a match drafts:
+    the same greedy text for prompts that quote themselves, tokens drafted and accepted by the
+    speculator's counters on /health and /metrics, and no block left held."""
     prompts = ["abc abc abc abc", "the cat the cat the cat", "1 2 3 1 2 3 1 2", "xyz"]
     answers = {}
     for speculative in (None, SpeculativeConfig(num_speculative_tokens=4)):
         config = served_config(tiny_mixed_gguf, speculative=speculative)
         async with fake_server(factory=build_async_engine, engine=config) as (client, server):
             assert server.engine is not None, server.boot_error
+            if (speculator := server.engine.engine.speculator) is not None:
+                assert speculator.cost.per_draft_s > 0  # the boot measured a draft token
+                speculator.cost = DraftCost(
+                    base_s=1.0, per_row_s=0.0, switch_s=0.0, per_draft_s=0.0
+                )
+                speculator.calibrate = False
             together = await asyncio.gather(*(complete(client, p, max_tokens=24) for p in prompts))
             answers[speculative is not None] = [r["choices"][0]["text"] for r in together]
             health = (await client.get("/health")).json()
@@ -91,8 +98,17 @@ async def test_speculation_is_served_and_changes_no_greedy_answer(tiny_mixed_ggu
     assert answers[True] == answers[False]
     assert health["speculation"]["method"] == "ngram"
     assert health["speculation"]["num_speculative_tokens"] == 4
-    assert health["speculation"]["cost"]["per_draft_s"] > 0
-    assert "nanoserve:spec_decode_num_draft_tokens_total" in metrics
+    spec = health["speculation"]
+    assert spec["draft_tokens"] > 0 and 0 < spec["accepted_tokens"] <= spec["draft_tokens"]
+    counters = {
+        name: float(value)
+        for name, value in (
+            line.split() for line in metrics.splitlines() if line.startswith("nanoserve:spec")
+        )
+        if "{" not in name
+    }
+    assert counters["nanoserve:spec_decode_num_draft_tokens_total"] == spec["draft_tokens"]
+    assert counters["nanoserve:spec_decode_num_accepted_tokens_total"] == spec["accepted_tokens"]
 
 
 async def test_a_draft_model_is_served_and_changes_no_greedy_answer(tiny_mixed_gguf: Path) -> None:

@@ -4,6 +4,7 @@ and, on the tiny engine, that replaying every event rebuilds exactly the set of 
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import random
 
@@ -28,9 +29,19 @@ BS = 2
 REQUEST_IDS = itertools.count()
 
 
+def documented_key(parent: int, token_ids: list[int]) -> int:
+    """The README's definition, written from its words: BLAKE2b with an 8-byte digest over the
+    parent's key (8 bytes, little-endian) and then each token id (4 bytes, little-endian),
+    the digest read as a little-endian unsigned 64-bit int."""
+    data = parent.to_bytes(8, "little") + b"".join(t.to_bytes(4, "little") for t in token_ids)
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little")
+
+
 def test_block_key_is_a_fixed_64_bit_digest_of_parent_and_tokens() -> None:
     key = block_key(ROOT_KEY, [1, 2])
-    assert key == 0xFF357D852574B4A8  # the same in every process and Python version
+    assert key == documented_key(0, [1, 2])  # the same in every process and Python version
+    assert block_key(key, [49151, 0, 7]) == documented_key(key, [49151, 0, 7])
+    assert block_key(2**64 - 1, [2**32 - 1]) == documented_key(2**64 - 1, [2**32 - 1])
     assert 0 <= key < 2**64
     assert block_key(key, [1, 2]) != key != block_key(ROOT_KEY, [2, 1])
 
