@@ -176,6 +176,7 @@ def run_levels(
             time.sleep(1.0)  # llama.cpp's threads poll a while after their work
             before = counters(server.url) if counters else (0.0, 0.0)  # type: ignore[operator]
             row = asyncio.run(level(server.url, texts, concurrency, args.max_tokens))
+            timings = f" (timings: {row['drafted']:.0f} drafted, {row['accepted']:.0f} accepted)"
             if counters:
                 after = counters(server.url)  # type: ignore[operator]
                 row["drafted"], row["accepted"] = (
@@ -187,7 +188,8 @@ def run_levels(
             else:
                 results.setdefault((workload, who, concurrency), []).append(row)
             print(f"{workload:>6} c={concurrency:<2} {who:>24}: {row['tok_s']:.1f} tok/s,"
-                  f" drafted {row['drafted']:.0f}, accepted {row['accepted']:.0f}{note}",
+                  f" drafted {row['drafted']:.0f}, accepted {row['accepted']:.0f}"
+                  f"{'' if who.startswith('ours') else timings}{note}",
                   flush=True)  # fmt: skip
 
 
