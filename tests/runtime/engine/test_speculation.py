@@ -120,7 +120,9 @@ def test_prompt_lookup_matches_alone(make_tiny_engine, alone) -> None:
     run = serve(engine, WORKLOAD)
     assert run.trace == alone  # tokens and top-5 logprobs, bit for bit
     stats = engine.speculator.stats
-    assert stats.draft_tokens > 100 and stats.accepted_tokens > 5
+    # Not vacuous: drafts were both kept and rejected. How many are kept depends on the CPU's
+    # bf16 kernels (oneDNN's AMX path on an Intel Xeon keeps 5 of 123, AVX-512 on a Zen 4 more).
+    assert stats.draft_tokens > 100 and 0 < stats.accepted_tokens < stats.draft_tokens
     assert engine.generation_tokens == sum(r.max_tokens for r in WORKLOAD)
 
 
