@@ -246,13 +246,10 @@ def reserved_mib(
     """What llama-server allocates at start in this configuration, by buffer ("KV", "compute",
     "RS"), in MiB, from its own log lines. Those lines are below its default verbosity, so a
     separate boot with `-lv 4` reads them (the measured servers keep the default verbosity)."""
-    port = free_port()
-    command = llama_server_command(
-        peer, gguf, threads, port, cache_mode=cache_mode, context=context, parallel=parallel,
+    server = start_llama_server(
+        peer, gguf, threads, cache_mode=cache_mode, context=context, parallel=parallel,
         extra=("-lv", "4"),
     )  # fmt: skip
-    server = launch(f"llama.cpp {cache_mode} (-lv 4, to read its buffers)", command,
-                    f"http://127.0.0.1:{port}")  # fmt: skip
     server.stop()
     sums: dict[str, float] = {}
     for kind, mib in _BUFFER.findall(server.log.read_text(errors="replace")):

@@ -153,8 +153,10 @@ def peer_flags(kind: str, draft: Path | None, threads: int) -> tuple[str, ...]:
         return ()
     if kind == "draft-simple":
         assert draft is not None
-        return ("-md", str(draft), "--spec-draft-n-max", "5", "-td", str(threads),
-                "-tbd", str(threads))  # fmt: skip
+        # `-md` alone loads the draft but speculates with nothing: this build's --spec-type
+        # defaults to none (its counters stayed at 0 in every answer without the type).
+        return ("--spec-type", "draft-simple", "-md", str(draft), "--spec-draft-n-max", "5",
+                "-td", str(threads), "-tbd", str(threads))  # fmt: skip
     flags = ("--spec-type", kind)
     if kind == "ngram-simple":  # its defaults look up 12-grams; ours 4..2: also our draft size
         flags += ("--spec-ngram-simple-size-n", "3", "--spec-ngram-simple-size-m", "8")

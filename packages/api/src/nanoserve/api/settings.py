@@ -47,30 +47,29 @@ def parse_seconds(text: str) -> float | None:
 
 def parse_prefill_budget(text: str) -> str | int:
     """'auto', 'off', or a positive number of prompt tokens per step while sequences decode."""
-    lowered = str(text).strip().lower()
-    if lowered in ("auto", "off"):
-        return lowered
-    try:
-        tokens = int(lowered)
-    except ValueError:
-        raise EngineConfigError(f"{text!r} is not auto, off or a number of tokens") from None
-    if tokens < 1:
-        raise EngineConfigError(f"{text!r}: a prefill budget must be at least 1 token")
-    return tokens
+    return _word_or_count(
+        text, ("auto", "off"), "tokens", "a prefill budget must be at least 1 token"
+    )
 
 
 def parse_threads(text: str) -> int | str:
     """'auto' (the CPUs this process may run on) or a positive number of threads."""
+    return _word_or_count(text, ("auto",), "threads", "a server needs at least 1 thread")
+
+
+def _word_or_count(text: str, words: tuple[str, ...], noun: str, at_least_one: str) -> str | int:
     lowered = str(text).strip().lower()
-    if lowered == "auto":
+    if lowered in words:
         return lowered
     try:
-        threads = int(lowered)
+        count = int(lowered)
     except ValueError:
-        raise EngineConfigError(f"{text!r} is not auto or a number of threads") from None
-    if threads < 1:
-        raise EngineConfigError(f"{text!r}: a server needs at least 1 thread")
-    return threads
+        raise EngineConfigError(
+            f"{text!r} is not {', '.join(words)} or a number of {noun}"
+        ) from None
+    if count < 1:
+        raise EngineConfigError(f"{text!r}: {at_least_one}")
+    return count
 
 
 def parse_bool(text: str) -> bool:
