@@ -53,6 +53,11 @@ def write_csv(name: str, rows: Sequence[dict[str, object]]) -> Path:
     return path
 
 
+def nan_last(value: float) -> float:
+    """A rate as a sort key: a level with no valid round (NaN) ranks below every measured one."""
+    return -1.0 if value != value else value
+
+
 def _fmt(value: object) -> str:
     if isinstance(value, float):
         return f"{value:,.3f}" if abs(value) < 10 else f"{value:,.1f}"

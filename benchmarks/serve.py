@@ -38,7 +38,7 @@ from pathlib import Path
 
 import httpx
 
-from benchmarks.common import table, write_csv
+from benchmarks.common import nan_last, table, write_csv
 from benchmarks.peer import CACHE_MODES, Peer, reserved_mib, start_llama_server
 from benchmarks.servers import (
     Server,
@@ -270,7 +270,7 @@ def model_side_by_side(
             for who in servers
         }
         ours = median["nanoserve"]
-        best = max(PEERS, key=lambda who: _or_zero(median[who]["output_tok_s"]))
+        best = max(PEERS, key=lambda who: nan_last(median[who]["output_tok_s"]))
         theirs = median[best]
         rows.append(
             {
@@ -294,10 +294,6 @@ def model_side_by_side(
             }
         )
     return rows, memory
-
-
-def _or_zero(value: float) -> float:
-    return 0.0 if value != value else value  # a level with no valid round ranks last
 
 
 def main() -> None:

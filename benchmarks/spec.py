@@ -48,7 +48,7 @@ from pathlib import Path
 
 import httpx
 
-from benchmarks.common import cpu_line, pin_threads, table, write_csv
+from benchmarks.common import cpu_line, nan_last, pin_threads, table, write_csv
 from benchmarks.peer import CACHE_MODES, Peer, start_llama_server
 from benchmarks.peer import spec_counters as peer_counters
 from benchmarks.serve import kv_budget_for
@@ -257,7 +257,7 @@ def summarize(
                 for r, p in zip(runs, plain, strict=False)
                 for a, b in zip(r["texts"], p["texts"], strict=True)
             )
-            ours_best = max(_num(med("ours")), _num(med("ours+spec")))
+            ours_best = max(nan_last(med("ours")), nan_last(med("ours+spec")))
             row = {
                 "model": name,
                 "speculation": f"draft {draft.name}" if draft else "ngram",
@@ -284,9 +284,9 @@ def summarize(
                     )
                 plain_best = max(
                     (c for c in speculated if c.startswith("plain")),
-                    key=lambda c: _num(speculated[c]),
+                    key=lambda c: nan_last(speculated[c]),
                 )
-                peer_best = max(speculated, key=lambda c: _num(speculated[c]))
+                peer_best = max(speculated, key=lambda c: nan_last(speculated[c]))
                 row.update(
                     llama_best=peer_best,
                     vs_llama_best=ours_best / speculated[peer_best],
@@ -294,10 +294,6 @@ def summarize(
                 )
             rows.append(row)
     return rows
-
-
-def _num(value: float) -> float:
-    return -1.0 if value != value else value
 
 
 def _rate(runs: list[dict]) -> float:
