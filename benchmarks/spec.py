@@ -2,7 +2,7 @@
 
     python -m benchmarks.spec [--models smollm2-135m,qwen2.5-coder-0.5b] [--levels 1,4,32]
                               [--rounds 3] [--max-tokens 128] [--spec-types ...]
-                              [--peer-cache split,unified]
+                              [--peer-cache split,unified] [--tag _avx2]
     python -m benchmarks.spec --models qwen2.5-coder-1.5b --draft qwen2.5-coder-0.5b
 
 Per model, nanoserve without speculation and with `--speculative-config ngram` (or, with
@@ -54,7 +54,13 @@ from benchmarks.peer import spec_counters as peer_counters
 from benchmarks.serve import kv_budget_for
 from benchmarks.servers import Server, bench_threads, start_nanoserve
 
-MODULES = ("textwrap", "json.encoder", "shlex", "fractions", "difflib", "statistics", "heapq")
+# Standard-library modules whose functions the repeat-heavy prompts quote: enough of them that
+# every request of a run quotes its own (3 rounds of levels 1, 4 and 32 take 114).
+MODULES = (
+    "textwrap", "json.encoder", "shlex", "fractions", "difflib", "statistics", "heapq",
+    "posixpath", "ntpath", "genericpath", "inspect", "calendar", "base64", "csv", "string",
+    "tokenize", "ast", "dis", "pprint", "random", "bisect", "functools", "copy", "glob",
+)  # fmt: skip
 TOPICS = ("a lighthouse", "the first snow", "a city market", "an old violin", "a desert road",
           "a summer storm", "a chess game", "a mountain lake")  # fmt: skip
 FORMS = ("a short poem", "a paragraph of advice", "a short story opening", "a product review")
@@ -64,7 +70,8 @@ NGRAM_TYPES = ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngr
 
 
 def functions(count: int) -> list[tuple[str, str]]:
-    """(name, source) of `count` standard-library functions of 8..30 lines, fixed order."""
+    """(name, source) of `count` standard-library functions of 8..30 lines, fixed order (past
+    the modules' supply, they come round again)."""
     found = []
     for module_name in MODULES:
         module = __import__(module_name, fromlist=["_"])
@@ -79,18 +86,25 @@ def functions(count: int) -> list[tuple[str, str]]:
     return found[:count]
 
 
-def prompts(workload: str, count: int) -> list[str]:
+def prompts(workload: str, count: int, start: int = 0) -> list[str]:
+    """The workload's prompts start..start+count: each server is sent the same ones, and no
+    prompt twice in a run (a repeated one would be a prefix-cache hit)."""
     if workload == "repeat":
         return [
             f"Here is a Python function:\n\n```python\n{code}\n```\n\nWrite the same function"
             f" again, unchanged except that it is renamed to `{name}_v2`. Output only the code."
-            for name, code in functions(count)
+            for name, code in functions(start + count)[start:]
         ]
     return [
         f"Write {FORMS[i % len(FORMS)]} about {TOPICS[(i // len(FORMS)) % len(TOPICS)]}"
         f" (variation {i // (len(FORMS) * len(TOPICS)) + 1})."
-        for i in range(count)
+        for i in range(start, start + count)
     ]
+
+
+def level_sizes(levels: list[int]) -> list[int]:
+    """Requests per level: its concurrency, at least 2."""
+    return [max(2, c) for c in levels]
 
 
 async def one(client: httpx.AsyncClient, prompt: str, max_tokens: int, model: str) -> dict:
@@ -170,11 +184,16 @@ def run_levels(
     levels: list[int],
     results: dict[tuple[str, str, int], list[dict]],
     counters: object,
+    round_: int,
 ) -> None:
-    """Every workload and level on one server for one round, drafts counted by `counters`."""
+    """Every workload and level on one server for one round, drafts counted by `counters`.
+    Round r's prompts follow round r-1's: no server is sent a prompt twice."""
+    sizes = level_sizes(levels)
     for workload in ("repeat", "chat"):
-        for concurrency in levels:
-            texts = prompts(workload, max(2, concurrency))
+        start = round_ * sum(sizes)
+        for concurrency, size in zip(levels, sizes, strict=True):
+            texts = prompts(workload, size, start)
+            start += size
             time.sleep(1.0)  # llama.cpp's threads poll a while after their work
             before = counters(server.url) if counters else (0.0, 0.0)  # type: ignore[operator]
             row = asyncio.run(level(server.url, texts, concurrency, args.max_tokens))
@@ -212,7 +231,7 @@ def run_model(
             order = list(ours) if round_ % 2 == 0 else list(reversed(ours))
             for who in order:
                 counters = spec_counters if who == "ours+spec" else None
-                run_levels(ours[who], who, args, levels, results, counters)
+                run_levels(ours[who], who, args, levels, results, counters, round_)
     finally:
         for server in ours.values():
             server.stop()
@@ -227,8 +246,8 @@ def run_model(
                 extra=("--jinja", *peer_flags(kind, draft, threads)),
             )  # fmt: skip
             try:
-                for _ in range(args.rounds):
-                    run_levels(server, config, args, levels, results, peer_counters)
+                for round_ in range(args.rounds):
+                    run_levels(server, config, args, levels, results, peer_counters, round_)
             finally:
                 server.stop()
     return summarize(name, draft, levels, results, configs)
@@ -314,6 +333,7 @@ def main() -> None:
     parser.add_argument("--draft", help="a model of the set to draft with (default: ngram)")
     parser.add_argument("--spec-types", help=f"llama.cpp's types to run (default: {NGRAM_TYPES})")
     parser.add_argument("--peer-cache", default=",".join(CACHE_MODES), help="split,unified")
+    parser.add_argument("--tag", default="", help="appended to the CSV's name (e.g. _avx2)")
     args = parser.parse_args()
     threads = pin_threads(bench_threads())
     print(cpu_line())
@@ -324,7 +344,8 @@ def main() -> None:
         rows = run_model(bench.name, bench.path, peer, threads, args, draft)
         print(table(rows, f"speculation, {bench.name}: median of {args.rounds} rounds"))
         all_rows += rows
-    print("wrote", write_csv("spec-draft.csv" if draft else "spec.csv", all_rows))
+    name = "spec-draft" if draft else "spec"
+    print("wrote", write_csv(f"{name}{args.tag}.csv", all_rows))
 
 
 if __name__ == "__main__":
