@@ -24,7 +24,7 @@ serve: install
 lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/mypy  # core and runtime; settings in pyproject.toml
+	$(VENV)/bin/mypy  # the three packages and the tests; settings in pyproject.toml
 
 # NANOSERVE_TEST_DEPS=all: every test dependency is installed, so no test module may be skipped
 # for a missing package (tests/conftest.py). gpu_standin: the GPU machine's package set in a venv

@@ -25,9 +25,9 @@ import torch
 from benchmarks.common import median_seconds, pin_threads, table, write_csv
 from nanoserve.core import Shape
 from nanoserve.runtime.decode.warmup import WarmupReport, warm_batch
+from nanoserve.runtime.engine.config.engine_config import DecodeMode, EngineConfig
 from nanoserve.runtime.engine.engine import Engine
-from nanoserve.runtime.engine.sampling_params import SamplingParams
-from nanoserve.runtime.engine_config import DecodeMode, EngineConfig
+from nanoserve.runtime.engine.requests.sampling_params import SamplingParams
 from nanoserve.runtime.loading.checkpoint import load_checkpoint
 from nanoserve.runtime.loading.embedded import embedded_model_path
 from nanoserve.runtime.model.llama import LlamaModel

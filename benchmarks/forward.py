@@ -35,9 +35,9 @@ from benchmarks.common import cpu_line, median_seconds, pin_threads, table, writ
 from benchmarks.models import BenchModel, served_models
 from benchmarks.peer import Peer, find_peer, llama_bench, teacher_forced_top1
 from nanoserve.core import BlockTable, PrefillChunk, plan_kv_pool, plan_prefill
+from nanoserve.runtime.engine.config.engine_config import EngineConfig
 from nanoserve.runtime.engine.engine import Engine
-from nanoserve.runtime.engine.sampling_params import SamplingParams
-from nanoserve.runtime.engine_config import EngineConfig
+from nanoserve.runtime.engine.requests.sampling_params import SamplingParams
 from nanoserve.runtime.loading.checkpoint import Checkpoint, load_checkpoint
 from nanoserve.runtime.model.kv_pool import KVPool
 from nanoserve.runtime.model.llama import LlamaModel

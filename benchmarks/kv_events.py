@@ -26,12 +26,12 @@ import time
 import msgspec
 
 from benchmarks.common import cpu_line, pin_threads, table, write_csv
-from nanoserve.api.kv_event_publisher import KVEventPublisher
-from nanoserve.api.kv_events_config import KVEventsConfig
-from nanoserve.runtime.engine.build import build_engine
-from nanoserve.runtime.engine.kv_events import BlockStored
-from nanoserve.runtime.engine.sampling_params import SamplingParams
-from nanoserve.runtime.engine_config import SERVER_DEFAULTS, EngineConfig
+from nanoserve.api.kv_events.config import KVEventsConfig
+from nanoserve.api.kv_events.publisher import KVEventPublisher
+from nanoserve.runtime.engine.boot.build import build_engine
+from nanoserve.runtime.engine.config.engine_config import SERVER_DEFAULTS, EngineConfig
+from nanoserve.runtime.engine.requests.sampling_params import SamplingParams
+from nanoserve.runtime.engine.step.kv_events import BlockStored
 
 
 def reader(endpoint: str, stop: threading.Event, counts: list[int]) -> threading.Thread:

@@ -43,7 +43,7 @@ class Server:
 def bench_threads() -> int:
     """The threads every server of a benchmark gets: $NANOSERVE_BENCH_THREADS, else the CPUs
     this process may run on (nanoserve's own default)."""
-    from nanoserve.runtime.engine_config import available_cpus
+    from nanoserve.runtime.engine.config.engine_config import available_cpus
 
     return int(os.environ.get("NANOSERVE_BENCH_THREADS", 0)) or available_cpus()
 

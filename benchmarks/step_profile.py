@@ -27,9 +27,9 @@ from torch.profiler import ProfilerActivity, profile
 
 from benchmarks.common import cpu_line, pin_threads, table, write_csv
 from benchmarks.models import model_set
+from nanoserve.runtime.engine.config.engine_config import EngineConfig
 from nanoserve.runtime.engine.engine import Engine
-from nanoserve.runtime.engine.sampling_params import SamplingParams
-from nanoserve.runtime.engine_config import EngineConfig
+from nanoserve.runtime.engine.requests.sampling_params import SamplingParams
 from nanoserve.runtime.loading.checkpoint import load_checkpoint
 from nanoserve.runtime.model.llama import LlamaModel
 

@@ -23,10 +23,10 @@ import statistics
 import time
 
 from benchmarks.common import cpu_line, pin_threads, table, write_csv
-from nanoserve.runtime.engine.build import build_engine
+from nanoserve.runtime.engine.boot.build import build_engine
+from nanoserve.runtime.engine.config.engine_config import EngineConfig
 from nanoserve.runtime.engine.engine import Engine
-from nanoserve.runtime.engine.sampling_params import SamplingParams
-from nanoserve.runtime.engine_config import EngineConfig
+from nanoserve.runtime.engine.requests.sampling_params import SamplingParams
 from nanoserve.runtime.structured.grammar_compiler import GrammarCompiler
 from nanoserve.runtime.structured.grammar_spec import GrammarSpec
 

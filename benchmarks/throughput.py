@@ -18,10 +18,10 @@ import time
 import torch
 
 from benchmarks.common import pin_threads, table, write_csv
-from nanoserve.runtime.engine.build import build_engine
-from nanoserve.runtime.engine.llm import LLM
-from nanoserve.runtime.engine.sampling_params import SamplingParams
-from nanoserve.runtime.engine_config import EngineConfig
+from nanoserve.runtime.engine.boot.build import build_engine
+from nanoserve.runtime.engine.config.engine_config import EngineConfig
+from nanoserve.runtime.engine.requests.sampling_params import SamplingParams
+from nanoserve.runtime.engine.serving.llm import LLM
 from nanoserve.runtime.loading.embedded import embedded_model_path
 
 

@@ -27,9 +27,9 @@ from nanoserve.core import (
     warmup_seconds,
     width_ceiling,
 )
+from nanoserve.runtime.engine.config.engine_config import EngineConfig
 from nanoserve.runtime.engine.engine import Engine
-from nanoserve.runtime.engine.sampling_params import SamplingParams
-from nanoserve.runtime.engine_config import EngineConfig
+from nanoserve.runtime.engine.requests.sampling_params import SamplingParams
 from nanoserve.runtime.loading.model_config import ModelConfig
 from nanoserve.runtime.model.llama import LlamaModel
 from nanoserve.runtime.text.tokenizer import Tokenizer

@@ -66,10 +66,10 @@ from benchmarks.decode_step import (  # noqa: E402
 )
 from nanoserve.core import Shape, warm_shapes  # noqa: E402
 from nanoserve.runtime.decode.warmup import warm_batch  # noqa: E402
-from nanoserve.runtime.engine.build import warm_engine  # noqa: E402
+from nanoserve.runtime.engine.boot.build import warm_engine  # noqa: E402
+from nanoserve.runtime.engine.config.engine_config import EngineConfig  # noqa: E402
 from nanoserve.runtime.engine.engine import Engine  # noqa: E402
-from nanoserve.runtime.engine.sampling_params import SamplingParams  # noqa: E402
-from nanoserve.runtime.engine_config import EngineConfig  # noqa: E402
+from nanoserve.runtime.engine.requests.sampling_params import SamplingParams  # noqa: E402
 from nanoserve.runtime.loading.model_config import ModelConfig  # noqa: E402
 from nanoserve.runtime.model.llama import LlamaModel, weight_shapes  # noqa: E402
 from nanoserve.runtime.text.tokenizer import Tokenizer  # noqa: E402

@@ -45,7 +45,7 @@ def pytest_configure(config: pytest.Config) -> None:
     # Boots in this process time their steps afresh: a timing remembered by an earlier run (or
     # by the developer's own server) must not decide what a test sees, nor a test leave a file
     # in the developer's cache (servers in subprocesses: tests/api/conftest.py's clean_env).
-    # tests/runtime/engine/test_timing_cache.py covers the cache with folders of its own.
+    # tests/runtime/engine/timing/test_timing_cache.py covers the cache with folders of its own.
     os.environ["NANOSERVE_TIMING_CACHE"] = "off"
 
 

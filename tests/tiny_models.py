@@ -202,7 +202,7 @@ def write_tiny_gguf(
     out: Path,
     *,
     qtype: GGMLQuantizationType | None = None,
-    raw_tensors: Mapping[str, tuple[np.ndarray, GGMLQuantizationType]] | None = None,
+    raw_tensors: Mapping[str, tuple[np.ndarray, GGMLQuantizationType | None]] | None = None,
     arch: str | None = None,
     pre: str = "smollm",
 ) -> Path:
@@ -255,7 +255,7 @@ def write_tiny_gguf(
     writer.add_add_bos_token(False)
     writer.add_chat_template(TINY_CHAT_TEMPLATE)
 
-    raw_tensors = dict(raw_tensors or {})
+    raw_tensors = dict(raw_tensors or {})  # None: the array's own type
     if rope.get("rope_type") == "llama3":  # as llama.cpp's converter stores Llama 3.1+ scaling
         raw_tensors.setdefault("rope_freqs.weight", (_llama3_rope_factors(rope, head_dim), None))
     if rope.get("rope_type") == "longrope":  # as its Phi-3 converter stores longrope

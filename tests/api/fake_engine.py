@@ -15,22 +15,22 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import threading
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from nanoserve.api.engine_client import EngineClient
+from nanoserve.api.server.engine_client import EngineClient
 from nanoserve.core import KVPoolPlan
 from nanoserve.runtime.decode.recordings import RecordingStats
 from nanoserve.runtime.decode.warmup import WarmupReport
+from nanoserve.runtime.engine.config.engine_config import EngineConfig
 from nanoserve.runtime.engine.engine_status import EngineStatus, PrefixCacheCounts
-from nanoserve.runtime.engine.request_times import RequestTimes
-from nanoserve.runtime.engine.sampling_params import SamplingParams
-from nanoserve.runtime.engine.scheduler import QueueFullError
-from nanoserve.runtime.engine.sequence import Delta
-from nanoserve.runtime.engine_config import EngineConfig
+from nanoserve.runtime.engine.requests.request_times import RequestTimes
+from nanoserve.runtime.engine.requests.sampling_params import SamplingParams
+from nanoserve.runtime.engine.step.scheduler import QueueFullError
+from nanoserve.runtime.engine.step.sequence import Delta
 from nanoserve.runtime.structured.grammar_spec import GrammarSpec
 
 MODEL = "fake-model"
@@ -147,7 +147,10 @@ class FakeEngine:
     shutdown_grace: float | None = None  # set by shutdown
 
     def render_chat(
-        self, messages: Sequence[dict], add_generation_prompt: bool = True, **extra: object
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        add_generation_prompt: bool = True,
+        **extra: object,
     ) -> str:
         self.chats.append([dict(m) for m in messages])
         self.template_vars.append(dict(extra))

@@ -17,9 +17,9 @@ import httpx
 from litestar.testing import AsyncTestClient
 
 from nanoserve.api.app import create_app
-from nanoserve.api.engine_client import EngineFactory
-from nanoserve.api.settings import ServerSettings
-from nanoserve.api.state import ServerState
+from nanoserve.api.server.engine_client import EngineFactory
+from nanoserve.api.server.settings import ServerSettings
+from nanoserve.api.server.state import ServerState
 from tests.api.fake_engine import FakeEngine
 
 BOOT_TIMEOUT_S = 5.0

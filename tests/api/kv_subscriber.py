@@ -74,8 +74,12 @@ class Message:
 
 def decode(topic: bytes, seq: bytes, payload: bytes, *, arrays: bool = False) -> Message:
     assert len(seq) == 8
-    kind = ArrayBatch if arrays else Batch
-    return Message(topic, int.from_bytes(seq, "big"), msgspec.msgpack.decode(payload, type=kind))
+    batch: Batch | ArrayBatch = (
+        msgspec.msgpack.decode(payload, type=ArrayBatch)
+        if arrays
+        else msgspec.msgpack.decode(payload, type=Batch)
+    )
+    return Message(topic, int.from_bytes(seq, "big"), batch)
 
 
 def held(messages: list[Message]) -> frozenset[int]:
@@ -103,7 +107,7 @@ def replay(
     dealer.connect(endpoint)
     try:
         dealer.send_multipart((b"", start.to_bytes(8, "big")))
-        out = []
+        out: list[Message] = []
         deadline = time.monotonic() + timeout_s
         while True:
             assert dealer.poll(int(max(0.0, deadline - time.monotonic()) * 1000)), "no replay"

@@ -10,14 +10,14 @@ from collections.abc import Callable
 import anyio
 import pytest
 
-from nanoserve.api.engine_client import EngineClient
-from nanoserve.api.settings import ServerSettings
-from nanoserve.api.state import ServerState
+from nanoserve.api.server.engine_client import EngineClient
+from nanoserve.api.server.settings import ServerSettings
+from nanoserve.api.server.state import ServerState
 from nanoserve.core import Shape
 from nanoserve.core.warm_list import RecordingCost
 from nanoserve.runtime.decode.recordings import RecordingStats
 from nanoserve.runtime.decode.warmup import WarmEstimate, WarmPlan, WarmupCancelled, WarmupReport
-from nanoserve.runtime.engine_config import EngineConfig
+from nanoserve.runtime.engine.config.engine_config import EngineConfig
 from tests.api.fake_engine import FakeEngine
 from tests.api.fake_server import fake_server, openai_error
 

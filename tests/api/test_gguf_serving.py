@@ -12,11 +12,20 @@ from typing import Any
 import pytest
 from litestar.testing import AsyncTestClient
 
-from nanoserve.api.engine_client import build_async_engine
+from nanoserve.api.server.engine_client import build_async_engine
+from nanoserve.api.server.state import ServerState
 from nanoserve.core.draft_budget import DraftCost
-from nanoserve.runtime.engine.speculative_config import SpeculativeConfig
-from nanoserve.runtime.engine_config import EngineConfig
+from nanoserve.runtime.engine.config.engine_config import EngineConfig
+from nanoserve.runtime.engine.config.speculative_config import SpeculativeConfig
+from nanoserve.runtime.engine.serving.async_engine import AsyncEngine
 from tests.api.fake_server import fake_server
+
+
+def async_engine(server: ServerState) -> AsyncEngine:
+    """The server's engine client, which is the real engine's here."""
+    assert isinstance(server.engine, AsyncEngine), server.boot_error
+    return server.engine
+
 
 pytestmark = pytest.mark.anyio
 
@@ -84,7 +93,7 @@ async def test_speculation_is_served_and_changes_no_greedy_answer(tiny_mixed_ggu
         config = served_config(tiny_mixed_gguf, speculative=speculative)
         async with fake_server(factory=build_async_engine, engine=config) as (client, server):
             assert server.engine is not None, server.boot_error
-            if (speculator := server.engine.engine.speculator) is not None:
+            if (speculator := async_engine(server).engine.speculator) is not None:
                 assert speculator.cost.per_draft_s > 0  # the boot measured a draft token
                 speculator.cost = DraftCost(
                     base_s=1.0, per_row_s=0.0, switch_s=0.0, per_draft_s=0.0
@@ -121,7 +130,7 @@ async def test_a_draft_model_is_served_and_changes_no_greedy_answer(tiny_mixed_g
         config = served_config(tiny_mixed_gguf, speculative=speculative)
         async with fake_server(factory=build_async_engine, engine=config) as (client, server):
             assert server.engine is not None, server.boot_error
-            if (speculator := server.engine.engine.speculator) is not None:
+            if (speculator := async_engine(server).engine.speculator) is not None:
                 assert speculator.cost.propose_s > 0  # the boot timed the draft's forward
                 speculator.cost = DraftCost(
                     base_s=1.0, per_row_s=0.0, switch_s=0.0, per_draft_s=0.0
@@ -131,7 +140,7 @@ async def test_a_draft_model_is_served_and_changes_no_greedy_answer(tiny_mixed_g
             answers[speculative is not None] = [r["choices"][0]["text"] for r in together]
             health = (await client.get("/health")).json()
             assert server.engine.status().blocks_in_use == 0
-            server.engine.engine.check_blocks()  # the draft's pool too: idle, so empty
+            async_engine(server).engine.check_blocks()  # the draft's pool too: idle, so empty
     assert answers[True] == answers[False]
     spec = health["speculation"]
     assert spec["method"] == "draft_model" and spec["num_speculative_tokens"] == 5

@@ -8,6 +8,7 @@ same K/V, written here independently of nanoserve.core.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import pytest
 import torch
@@ -35,7 +36,7 @@ SCALE = 1 / math.sqrt(HEAD_DIM)
 LEN = 8  # every sequence's K/V are known for positions 0..7
 # Blocks 0..4 are owned; block 5 (slots 20..23) is never handed out.
 TABLES = {10: BlockTable(BLOCK, [3, 0]), 11: BlockTable(BLOCK, [1, 4]), 12: BlockTable(BLOCK, [2])}
-TOL = {"rtol": 1e-5, "atol": 1e-6}
+TOL: dict[str, Any] = {"rtol": 1e-5, "atol": 1e-6}
 
 
 def randn(*shape: int, seed: int) -> torch.Tensor:
@@ -192,7 +193,7 @@ def test_decode_matches_dense_for_any_positions_and_padding(
     assert torch.equal(out[len(positions) :], torch.zeros(extra_rows, HEADS, HEAD_DIM))
 
 
-def prefill(chunks: list[PrefillChunk], q: torch.Tensor, **kwargs: object) -> torch.Tensor:
+def prefill(chunks: list[PrefillChunk], q: torch.Tensor, **kwargs: Any) -> torch.Tensor:
     plan = plan_prefill(chunks, sink_slot=SINK)
     return paged_prefill_attention(
         q,

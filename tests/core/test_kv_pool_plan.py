@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 
 from nanoserve.core import GeometryError, KVPoolPlan, PoolBudgetError, plan_kv_pool
 
 # 2 layers x 2 KV heads x head_dim 4 x fp32, K and V: 128 bytes a slot, 512 a block of 4.
-GEOMETRY = {
+GEOMETRY: dict[str, Any] = {
     "num_layers": 2,
     "num_kv_heads": 2,
     "head_dim": 4,

@@ -93,7 +93,7 @@ def test_last_tokens_keep_each_chunks_last_query_and_its_slots() -> None:
 
 
 def test_last_tokens_count_chunks_of_a_plan_that_names_no_sequence() -> None:
-    # The boot's timing plans (engine/prefill_timing.py) write the sink and name no sequence.
+    # The boot's timing plans (engine/timing/step_timing.py) write the sink and name no sequence.
     anonymous = dataclasses.replace(plan_prefill(chunks(), sink_slot=SINK), seq_ids=())
     last = last_tokens(anonymous)
     assert last.query_starts == (0, 1, 2)

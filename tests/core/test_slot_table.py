@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 
@@ -184,6 +186,6 @@ def test_to_makes_a_new_table_with_equal_content(table: SlotTable) -> None:
     ],
 )
 def test_bad_geometry(kwargs: dict[str, int], message: str) -> None:
-    args = {"max_batch": 3, "max_model_len": 8, "sink_slot": SINK, **kwargs}
+    args: dict[str, Any] = {"max_batch": 3, "max_model_len": 8, "sink_slot": SINK, **kwargs}
     with pytest.raises(GeometryError, match=message):
         SlotTable(**args)

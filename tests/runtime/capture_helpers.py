@@ -10,13 +10,35 @@ from typing import Any
 
 import torch
 
-from nanoserve.core import Shape
+from nanoserve.core import BucketSet, Shape
+from nanoserve.runtime.decode.recordings import DecodeRecordings
 from nanoserve.runtime.decode.warmup import WarmupReport
+from nanoserve.runtime.engine.config.engine_config import EngineConfig
 from nanoserve.runtime.engine.engine import Engine
-from nanoserve.runtime.engine.sampling_params import SamplingParams
-from nanoserve.runtime.engine_config import EngineConfig
+from nanoserve.runtime.engine.requests.sampling_params import SamplingParams
+from nanoserve.runtime.engine.speculation.speculator import Speculator
 from nanoserve.runtime.loading.checkpoint import load_checkpoint
 from nanoserve.runtime.model.llama import LlamaModel
+
+
+def recordings_of(engine: Engine) -> DecodeRecordings:
+    """The engine's recordings, for a test of decode_mode "recorded"."""
+    recordings = engine.runner.recordings
+    assert recordings is not None, "the engine records nothing: decode_mode is not 'recorded'"
+    return recordings
+
+
+def buckets_of(engine: Engine) -> BucketSet:
+    """The engine's shape buckets, for a test of a padded decode mode."""
+    buckets = engine.runner.buckets
+    assert buckets is not None, "the engine pads nothing: decode_mode is 'eager'"
+    return buckets
+
+
+def speculator_of(engine: Engine) -> Speculator:
+    """The engine's speculator, for a test of an engine that speculates."""
+    assert engine.speculator is not None, "the engine does not speculate"
+    return engine.speculator
 
 
 def warm(
@@ -33,7 +55,7 @@ def warm(
     return engine.warm(plan, **kwargs)
 
 
-def tiny_engine(model_dir: Path, **config: object) -> Engine:
+def tiny_engine(model_dir: Path, **config: Any) -> Engine:
     """The tiny model in float32 on config's device (default cpu), small pool and buckets."""
     checkpoint = load_checkpoint(model_dir)
     model = LlamaModel.from_tensors(
@@ -50,7 +72,7 @@ def tiny_engine(model_dir: Path, **config: object) -> Engine:
         "block_size": 4,
         "kv_budget_bytes": 1 << 22,
     }
-    return Engine.from_config(model, checkpoint.tokenizer, EngineConfig(**{**defaults, **config}))  # type: ignore[arg-type]
+    return Engine.from_config(model, checkpoint.tokenizer, EngineConfig(**{**defaults, **config}))
 
 
 PROMPTS = (

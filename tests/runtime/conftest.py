@@ -166,8 +166,8 @@ def tiny_engine_builder(
     tiny GGUF of every weight type (`tiny_mixed_gguf`, quantize "gguf") instead. Prefer
     `make_tiny_engine`. `draft=` a LlamaModel is speculative method draft_model's draft.
     """
+    from nanoserve.runtime.engine.config.engine_config import EngineConfig
     from nanoserve.runtime.engine.engine import Engine
-    from nanoserve.runtime.engine_config import EngineConfig
     from nanoserve.runtime.model.llama import LlamaModel
     from nanoserve.runtime.text.chat_template import ChatTemplate
 

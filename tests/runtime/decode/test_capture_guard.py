@@ -21,7 +21,7 @@ from nanoserve.runtime.decode.capture_guard import (
 from nanoserve.runtime.decode.capture_trace import trace_recorded_steps
 from nanoserve.runtime.loading.checkpoint import Checkpoint
 from nanoserve.runtime.model import kv_pool
-from tests.runtime.capture_helpers import tiny_engine, warm
+from tests.runtime.capture_helpers import recordings_of, tiny_engine, warm
 
 X = torch.tensor([1.0, -2.0, 3.0])
 
@@ -77,13 +77,13 @@ def test_a_host_tensor_is_foreign_to_a_trace_on_meta() -> None:
         x + torch.ones(3)  # no device=: the host, where a trace's stray factories land
 
 
-def _old_attention(q, k_pool, v_pool, slot_rect, context_lens, scale, accum_dtype, window=None):  # type: ignore[no-untyped-def]
+def _old_attention(q, k_pool, v_pool, slot_rect, context_lens, scale, accum_dtype, window=None):
     """The attention as it was: a host zero in its final where (every CUDA capture failed)."""
     out = paged_decode_attention(q, k_pool, v_pool, slot_rect, context_lens, scale, accum_dtype)
     return torch.where((context_lens > 0)[:, None, None], out, torch.zeros((), dtype=out.dtype))
 
 
-def _reading_attention(q, k_pool, v_pool, slot_rect, context_lens, scale, accum_dtype, window=None):  # type: ignore[no-untyped-def]
+def _reading_attention(q, k_pool, v_pool, slot_rect, context_lens, scale, accum_dtype, window=None):
     """Attention that reads the longest context on the host (to slice the rectangle)."""
     width = int(context_lens.max().item()) or 1
     return paged_decode_attention(
@@ -104,13 +104,13 @@ def test_the_warm_up_refuses_a_planted_attention(
     monkeypatch.setattr(kv_pool, "paged_decode_attention", planted)
     with pytest.raises(error):
         warm(engine, (Shape(2, 16),))
-    assert not engine.runner.recordings.by_shape
+    assert not recordings_of(engine).by_shape
 
 
 def test_a_lazy_recording_runs_under_the_guard(
     tiny_llama_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from nanoserve.runtime.engine.sampling_params import SamplingParams
+    from nanoserve.runtime.engine.requests.sampling_params import SamplingParams
 
     engine = tiny_engine(tiny_llama_dir, decode_mode="recorded")
     engine.add_request("a", [5, 17, 3], SamplingParams(max_tokens=4, temperature=0))

@@ -12,8 +12,14 @@ from nanoserve.core import DecodeBuffers, warm_shapes
 from nanoserve.core.capture_gates import AddressesMovedError
 from nanoserve.runtime.decode.recordings import CudaGraphBackend
 from nanoserve.runtime.engine.engine import Engine
-from nanoserve.runtime.engine.sampling_params import SamplingParams
-from tests.runtime.capture_helpers import run_joining_workload, tiny_engine, warm
+from nanoserve.runtime.engine.requests.sampling_params import SamplingParams
+from tests.runtime.capture_helpers import (
+    buckets_of,
+    recordings_of,
+    run_joining_workload,
+    tiny_engine,
+    warm,
+)
 
 pytestmark = pytest.mark.gpu
 
@@ -26,9 +32,9 @@ def test_cuda_recordings_equal_the_same_shapes_run_eagerly(tiny_llama_dir: Path)
     """Same bucket shapes, same kernels: recorded and persistent-eager tokens are bit-identical."""
     persistent = run_joining_workload(cuda_engine(tiny_llama_dir, decode_mode="persistent"))
     engine = cuda_engine(tiny_llama_dir, decode_mode="recorded")
-    assert isinstance(engine.runner.recordings.backend, CudaGraphBackend)
+    assert isinstance(recordings_of(engine).backend, CudaGraphBackend)
     assert run_joining_workload(engine) == persistent
-    stats = engine.runner.recordings.stats()
+    stats = recordings_of(engine).stats()
     assert stats.backend == "cuda-graph" and stats.replays > 0
 
 
@@ -47,9 +53,9 @@ def test_cuda_recordings_share_one_pool(tiny_llama_dir: Path) -> None:
         width_multiple=16,
         kv_budget_bytes=64 << 20,
     )
-    recordings = engine.runner.recordings
+    recordings = recordings_of(engine)
     assert recordings is not None
-    shapes = warm_shapes(engine.runner.buckets)
+    shapes = warm_shapes(buckets_of(engine))
     warm(engine, shapes[:1])
     first = recordings.stats().pool_bytes
     report = warm(engine, shapes[1:])
@@ -65,9 +71,9 @@ def test_cuda_warm_engine_makes_no_cold_recording(tiny_llama_dir: Path) -> None:
     config = {"decode_mode": "recorded", "max_model_len": 64, "width_multiple": 16, "max_batch": 4}
     lazy = run_joining_workload(cuda_engine(tiny_llama_dir, **config))
     engine = cuda_engine(tiny_llama_dir, **config)
-    warm(engine, warm_shapes(engine.runner.buckets))
+    warm(engine, warm_shapes(buckets_of(engine)))
     assert run_joining_workload(engine) == lazy
-    assert engine.runner.recordings.num_cold == 0
+    assert recordings_of(engine).num_cold == 0
 
 
 def test_cuda_moved_buffer_refuses_replay(tiny_llama_dir: Path) -> None:
@@ -77,7 +83,7 @@ def test_cuda_moved_buffer_refuses_replay(tiny_llama_dir: Path) -> None:
     )
     engine.step()
     engine.step()  # records
-    recordings = engine.runner.recordings
+    recordings = recordings_of(engine)
     recordings.buffers = DecodeBuffers.allocate(
         recordings.buffers.max_batch, engine.pool_plan.sink_slot, "cuda"
     )

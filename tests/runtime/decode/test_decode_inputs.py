@@ -13,8 +13,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from nanoserve.core import BlockTable, DecodeSeq, Shape, warm_shapes
 from nanoserve.runtime.decode.decode_inputs import DecodeInputs
 from nanoserve.runtime.engine.engine import Engine
-from nanoserve.runtime.engine.sampling_params import SamplingParams
-from tests.runtime.capture_helpers import tiny_engine, warm
+from nanoserve.runtime.engine.requests.sampling_params import SamplingParams
+from tests.runtime.capture_helpers import buckets_of, recordings_of, tiny_engine, warm
 
 SINK = 99
 
@@ -112,20 +112,20 @@ def test_a_decode_step_makes_one_copy_each_way(tiny_llama_dir: Path) -> None:
     engine = tiny_engine(
         tiny_llama_dir, decode_mode="recorded", max_model_len=64, width_multiple=16
     )
-    warm(engine, warm_shapes(engine.runner.buckets))
+    warm(engine, warm_shapes(buckets_of(engine)))
     greedy = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
     for i in range(3):
         engine.add_request(f"r{i}", [5 + i, 17, 3, 99], greedy)
     engine.step()  # the prefill (eager; planned with tensors of its own)
     assert count_decode_steps(engine, 4) == [(1, 1, 0, 1)] * 4
-    assert engine.runner.recordings.num_replays == 4
+    assert recordings_of(engine).num_replays == 4
 
 
 def test_sampling_rows_add_one_parameter_copy(tiny_llama_dir: Path) -> None:
     engine = tiny_engine(
         tiny_llama_dir, decode_mode="recorded", max_model_len=64, width_multiple=16
     )
-    warm(engine, warm_shapes(engine.runner.buckets))
+    warm(engine, warm_shapes(buckets_of(engine)))
     engine.add_request("g", [5, 17, 3], SamplingParams(max_tokens=8, temperature=0))
     engine.add_request(
         "s", [6, 17, 3], SamplingParams(max_tokens=8, temperature=0.8, top_p=0.9, seed=1)

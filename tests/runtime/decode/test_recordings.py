@@ -25,10 +25,10 @@ from nanoserve.runtime.decode.recordings import (
 )
 from nanoserve.runtime.decode.warmup import warm_batch
 from nanoserve.runtime.engine.engine import Engine
-from nanoserve.runtime.engine.sampling_params import SamplingParams
-from nanoserve.runtime.engine.scheduler import SchedulerOutput
+from nanoserve.runtime.engine.requests.sampling_params import SamplingParams
+from nanoserve.runtime.engine.step.scheduler import SchedulerOutput
 from nanoserve.runtime.model.kv_pool import CacheRows
-from tests.runtime.capture_helpers import tiny_engine, warm
+from tests.runtime.capture_helpers import buckets_of, recordings_of, tiny_engine, warm
 
 
 def decode_ready(engine: Engine, prompts: list[list[int]]) -> SchedulerOutput:
@@ -57,7 +57,7 @@ def plan_and_cache(engine: Engine) -> tuple[DecodePlan, CacheRows]:
 
 def test_record_then_replay_gives_the_recorded_logits(engine: Engine, plan_and_cache) -> None:
     plan, cache = plan_and_cache
-    recordings = engine.runner.recordings
+    recordings = recordings_of(engine)
     recorded = recordings.record(plan, cache, cold=True)
     replayed = recordings.replay(plan)
     assert torch.equal(recorded, replayed)
@@ -68,7 +68,7 @@ def test_a_rectangle_copied_instead_of_windowed_is_refused(engine: Engine, plan_
     plan, cache = plan_and_cache
     copied = replace(plan, slot_rect=plan.slot_rect.clone())
     with pytest.raises(MappingNotWindowError, match="not a window"):
-        engine.runner.recordings.record(copied, cache, cold=True)
+        recordings_of(engine).record(copied, cache, cold=True)
 
 
 def test_a_padded_row_aimed_at_a_real_slot_is_refused(engine: Engine, plan_and_cache) -> None:
@@ -77,7 +77,7 @@ def test_a_padded_row_aimed_at_a_real_slot_is_refused(engine: Engine, plan_and_c
     writes = plan.write_slots.clone()
     writes[-1] = 0  # a real slot
     with pytest.raises(PadNotInertError, match="padded row"):
-        engine.runner.recordings.record(replace(plan, write_slots=writes), cache, cold=True)
+        recordings_of(engine).record(replace(plan, write_slots=writes), cache, cold=True)
 
 
 def test_a_write_slot_disagreeing_with_the_rectangle_is_refused(
@@ -87,12 +87,12 @@ def test_a_write_slot_disagreeing_with_the_rectangle_is_refused(
     writes = plan.write_slots.clone()
     writes[0] = int(plan.slot_rect[0, 0])  # a slot of this sequence, but not its new position
     with pytest.raises(PlanAddressingError):
-        engine.runner.recordings.record(replace(plan, write_slots=writes), cache, cold=True)
+        recordings_of(engine).record(replace(plan, write_slots=writes), cache, cold=True)
 
 
 def test_a_buffer_reallocated_after_recording_is_refused(engine: Engine, plan_and_cache) -> None:
     plan, cache = plan_and_cache
-    recordings = engine.runner.recordings
+    recordings = recordings_of(engine)
     recordings.record(plan, cache, cold=True)
     recordings.buffers = DecodeBuffers.allocate(recordings.buffers.max_batch, plan.sink_slot)
     with pytest.raises(AddressesMovedError, match="input_ids was at"):
@@ -101,7 +101,7 @@ def test_a_buffer_reallocated_after_recording_is_refused(engine: Engine, plan_an
 
 def test_a_replay_over_another_row_set_is_refused(engine: Engine, plan_and_cache) -> None:
     plan, cache = plan_and_cache
-    recordings = engine.runner.recordings
+    recordings = recordings_of(engine)
     recordings.record(plan, cache, cold=True)
     other = replace(plan, seq_ids=tuple(r + 100 for r in plan.seq_ids))
     with pytest.raises(ReplayRowsError, match="froze rows"):
@@ -113,7 +113,7 @@ def test_replay_refuses_an_unrecorded_shape_and_foreign_arguments(
     engine: Engine, plan_and_cache
 ) -> None:
     plan, cache = plan_and_cache
-    recordings = engine.runner.recordings
+    recordings = recordings_of(engine)
     with pytest.raises(UnrecordedShapeError):
         recordings.replay(plan)
     recordings.record(plan, cache, cold=True)
@@ -126,7 +126,7 @@ def test_a_budget_too_small_refuses_the_recording(tiny_llama_dir: Path) -> None:
     out = decode_ready(engine, [[5, 17, 3]])
     plan = engine.runner.plan_decode_step(out)
     with pytest.raises(PoolBudgetExceededError, match="budget leaves 16"):
-        engine.runner.recordings.record(plan, engine.pool.view(plan.seq_ids), cold=True)
+        recordings_of(engine).record(plan, engine.pool.view(plan.seq_ids), cold=True)
 
 
 def test_frozen_call_replays_on_the_recorded_objects_alone() -> None:
@@ -139,11 +139,11 @@ def test_frozen_call_replays_on_the_recorded_objects_alone() -> None:
         seen.append(x)
         return x * 10
 
-    _, handle = backend.record(step, (live, None), contextlib.nullcontext)
+    _, handle = backend.record(step, (live, None), contextlib.nullcontext)  # type: ignore[arg-type]
     live.copy_(torch.tensor([3.0, 4.0]))
     assert torch.equal(backend.replay(handle), torch.tensor([30.0, 40.0]))  # live storage
     stale = live.clone()
-    _, handle = backend.record(step, (stale, None), contextlib.nullcontext)
+    _, handle = backend.record(step, (stale, None), contextlib.nullcontext)  # type: ignore[arg-type]
     live.copy_(torch.tensor([5.0, 6.0]))
     assert torch.equal(backend.replay(handle), torch.tensor([30.0, 40.0]))  # the copy froze
     assert all(x is live or x is stale for x in seen)
@@ -162,7 +162,7 @@ def test_a_stale_frozen_argument_gives_wrong_tokens(tiny_llama_dir: Path) -> Non
         engine.step()  # prefill
         engine.step()  # the first decode step: recorded through the gates
     good, bad = engines
-    recordings = bad.runner.recordings
+    recordings = recordings_of(bad)
     ((shape, recording),) = recordings.by_shape.items()
     stale = replace(recording.plan, slot_rect=recording.plan.slot_rect.clone())
     # Only the frozen call holds the copy: every replay check sees the real window and passes.
@@ -184,7 +184,7 @@ def test_lazy_recordings_follow_lazy_captures(tiny_llama_dir: Path) -> None:
         for i in range(2):
             engine.add_request(f"l{i}", [10 + i] * 16, params)
         engine.run_until_done()
-        assert engine.runner.recordings.num_cold == expected
+        assert recordings_of(engine).num_cold == expected
 
 
 def test_every_recording_writes_the_one_logits_buffer(tiny_llama_dir: Path) -> None:
@@ -193,13 +193,13 @@ def test_every_recording_writes_the_one_logits_buffer(tiny_llama_dir: Path) -> N
     engine = tiny_engine(
         tiny_llama_dir, decode_mode="recorded", max_model_len=64, width_multiple=16
     )
-    shapes = warm_shapes(engine.runner.buckets)
+    shapes = warm_shapes(buckets_of(engine))
     warm(engine, shapes)
-    recordings = engine.runner.recordings
+    recordings = recordings_of(engine)
     buffer = recordings.logits
     assert tuple(buffer.shape) == (8, engine.model.config.vocab_size)
     for shape in shapes:
-        logits = recordings.replay(warm_batch(engine.runner.recordings, engine.pool, shape).plan)
+        logits = recordings.replay(warm_batch(recordings_of(engine), engine.pool, shape).plan)
         assert logits.data_ptr() == buffer.data_ptr() and logits.shape[0] == shape.rows
     assert recordings.stats().logits_buffer_bytes == buffer.numel() * 4
     assert recordings.addresses()["logits"] == buffer.data_ptr()

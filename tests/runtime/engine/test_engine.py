@@ -13,15 +13,16 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import pytest
 import torch
 
 from nanoserve.core.errors import NanoserveError
 from nanoserve.runtime.engine.engine import Engine, RequestError
-from nanoserve.runtime.engine.sampling_params import SamplingParams, SamplingParamsError
-from nanoserve.runtime.engine.scheduler import QueueFullError, SchedulerOutput
-from nanoserve.runtime.engine.sequence import Delta
+from nanoserve.runtime.engine.requests.sampling_params import SamplingParams, SamplingParamsError
+from nanoserve.runtime.engine.step.scheduler import QueueFullError, SchedulerOutput
+from nanoserve.runtime.engine.step.sequence import Delta
 
 VOCAB = 320
 pytestmark = pytest.mark.usefixtures("single_torch_thread")
@@ -52,12 +53,12 @@ def workload(
 WORKLOAD = workload(0, 16)
 
 
-def greedy(max_tokens: int, logprobs: int | None = 5, **kwargs: object) -> SamplingParams:
+def greedy(max_tokens: int, logprobs: int | None = 5, **kwargs: Any) -> SamplingParams:
     """Greedy, with the top-5 logprobs: raw log_softmax values, so comparing them compares the
     model's logits bit for bit, not just which token won."""
     return SamplingParams(
         max_tokens=max_tokens, temperature=0.0, ignore_eos=True, logprobs=logprobs, **kwargs
-    )  # type: ignore[arg-type]
+    )
 
 
 @dataclass
@@ -126,7 +127,7 @@ def drain(engine: Engine, max_steps: int = 2000) -> list[Delta]:
     raise AssertionError(f"still unfinished after {max_steps} steps")
 
 
-FORMS = {
+FORMS: dict[str, dict[str, Any]] = {
     "torch-fp32": {"dtype": torch.float32, "quantize": None},
     "torch-bf16": {"dtype": torch.bfloat16, "quantize": None},
     "q4-kernels": {"dtype": torch.bfloat16, "quantize": "q4"},
@@ -136,7 +137,7 @@ FORMS = {
 
 
 @pytest.fixture(scope="module", params=list(FORMS))
-def form(request: pytest.FixtureRequest) -> dict[str, object]:
+def form(request: pytest.FixtureRequest) -> dict[str, Any]:
     return FORMS[request.param]
 
 
@@ -356,7 +357,9 @@ def test_seeded_sampling_is_reproducible_alone_and_batched(
         request = WORKLOAD[i]
         engine = tiny_engine_builder()
         run = serve(
-            engine, [Request(request.prompt, request.max_tokens)], lambda _, r, i=i: seeded(i, r)
+            engine,
+            [Request(request.prompt, request.max_tokens)],
+            lambda _, r, i=i: seeded(i, r),  # type: ignore[misc]
         )
         by_itself[str(i)] = run.trace["0"]
 
@@ -575,7 +578,9 @@ def test_eos_stops_unless_ignored(make_tiny_engine) -> None:
 def test_logprobs_through_the_engine(make_tiny_engine, alone) -> None:
     engine = make_tiny_engine()
     engine.add_request("l", WORKLOAD[6].prompt, greedy(WORKLOAD[6].max_tokens, logprobs=3))
-    tokens, logprobs, tops = [], [], []
+    tokens: list[int] = []
+    logprobs: list[float] = []
+    tops: list[tuple[tuple[int, float], ...]] = []
     for delta in drain(engine):
         tokens += delta.token_ids
         assert delta.logprobs is not None and delta.top_logprobs is not None
@@ -632,6 +637,7 @@ def test_bad_requests_are_refused_with_the_field(make_tiny_engine, prompt, param
     engine = make_tiny_engine()
     with pytest.raises((RequestError, SamplingParamsError)) as caught:
         engine.add_request("bad", prompt, params)
+    assert isinstance(caught.value, RequestError | SamplingParamsError)
     assert caught.value.field == field
     assert isinstance(caught.value, NanoserveError | ValueError)
     assert not engine.has_unfinished
@@ -705,7 +711,7 @@ EMBEDDED_PROMPTS = [
 def test_embedded_model_alone_batched_and_preempted(embedded_checkpoint, embedded_tensors) -> None:
     """SmolLM2-135M in fp32, batch-invariant: the same greedy tokens (and logprobs, bit for bit)
     alone, in a batch of 8 that join and leave, and after preemption with chunked prefill."""
-    from nanoserve.runtime.engine_config import EngineConfig
+    from nanoserve.runtime.engine.config.engine_config import EngineConfig
     from nanoserve.runtime.model.llama import LlamaModel
 
     ck = embedded_checkpoint
@@ -719,12 +725,12 @@ def test_embedded_model_alone_batched_and_preempted(embedded_checkpoint, embedde
     # K and V of 30 layers x 3 heads x 64 dims in fp32, per slot; 16 slots a block.
     per_slot = 2 * 30 * 3 * 64 * 4
 
-    def engine(num_blocks: int, **overrides: object) -> Engine:
+    def engine(num_blocks: int, **overrides: Any) -> Engine:
         config = EngineConfig(
             block_size=16,
             max_model_len=256,
             kv_budget_bytes=per_slot * (16 * num_blocks + 1),
-            **overrides,  # type: ignore[arg-type]
+            **overrides,
         )
         return Engine.from_config(model, ck.tokenizer, config)
 

@@ -9,13 +9,8 @@ from typing import Any
 import pytest
 
 from nanoserve.runtime.engine.engine import Engine
-from nanoserve.runtime.engine.faults import (
-    FaultPlan,
-    FaultSpecError,
-    FaultyEngine,
-    InjectedFault,
-)
-from nanoserve.runtime.engine.sampling_params import SamplingParams
+from nanoserve.runtime.engine.requests.sampling_params import SamplingParams
+from tests.faults import FaultPlan, FaultSpecError, FaultyEngine, InjectedFault
 
 GREEDY = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
 

@@ -10,12 +10,12 @@ from __future__ import annotations
 import json
 import math
 
-import jsonschema
+import jsonschema  # type: ignore[import-untyped, unused-ignore]
 import pytest
 import torch
 
 from nanoserve.runtime.engine.engine import Engine
-from nanoserve.runtime.engine.sampling_params import SamplingParams
+from nanoserve.runtime.engine.requests.sampling_params import SamplingParams
 from nanoserve.runtime.structured.grammar_spec import GrammarError, GrammarSpec
 
 pytestmark = pytest.mark.usefixtures("single_torch_thread")

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from nanoserve.runtime.engine.sampling_params import SamplingParams
+from nanoserve.runtime.engine.requests.sampling_params import SamplingParams
 from nanoserve.runtime.structured.grammar_spec import GrammarSpec
 
 pytestmark = pytest.mark.slow
@@ -83,7 +83,7 @@ schemas = st.one_of(objects(nested), arrays(objects(leaves)))
 
 @pytest.fixture(scope="module")
 def llm():
-    from nanoserve.runtime.engine.llm import LLM
+    from nanoserve.runtime.engine.serving.llm import LLM
 
     return LLM(decode_mode="eager", max_batch=32, max_model_len=512)
 
@@ -98,7 +98,10 @@ def llm():
 def test_every_output_validates(llm, drawn: list[dict[str, Any]]) -> None:
     engine = llm.engine
     tokenizer = engine.tokenizer
-    modes = {"greedy": {"temperature": 0.0}, "t1": {"temperature": 1.0, "seed": 0}}
+    modes: dict[str, dict[str, Any]] = {
+        "greedy": {"temperature": 0.0},
+        "t1": {"temperature": 1.0, "seed": 0},
+    }
     for i, schema in enumerate(drawn):
         prompt = tokenizer.encode(
             f"Write a JSON value for this schema: {json.dumps(schema)}\n", add_special_tokens=False
@@ -106,7 +109,7 @@ def test_every_output_validates(llm, drawn: list[dict[str, Any]]) -> None:
         for mode, knobs in modes.items():
             params = SamplingParams(
                 max_tokens=300, grammar=GrammarSpec.json_schema(schema), **knobs
-            )  # type: ignore[arg-type]
+            )
             engine.add_request(f"{mode}-{i}", prompt, params)
     texts: dict[str, str] = {}
     finish: dict[str, str | None] = {}

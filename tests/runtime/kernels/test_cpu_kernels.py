@@ -7,8 +7,9 @@ can run (portable C++, AVX2, AVX-512 VNNI) against the portable one, op by op.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
+from typing import Any, TypeVar
 
 import pytest
 import torch
@@ -20,6 +21,8 @@ from nanoserve.runtime.kernels.cpu_kernels import ISAS, CpuKernels, load_cpu_ker
 from nanoserve.runtime.loading.gguf_blocks import GgufBlocks
 from nanoserve.runtime.loading.gguf_types import BY_NAME, KERNEL_TYPES
 from nanoserve.runtime.model.quant_weight import QuantLinear, QuantWeight
+
+T = TypeVar("T")
 
 ops = torch.ops.nanoserve
 
@@ -33,8 +36,8 @@ def runnable_isas() -> Iterator[list[str]]:
     CpuKernels.force_isa("auto")
 
 
-def on_every_isa(isas: list[str], run: Callable[[], object]) -> dict[str, object]:
-    results = {}
+def on_every_isa(isas: list[str], run: Callable[[], T]) -> dict[str, T]:
+    results: dict[str, T] = {}
     for isa in isas:
         assert CpuKernels.force_isa(isa) == isa
         results[isa] = run()
@@ -42,7 +45,7 @@ def on_every_isa(isas: list[str], run: Callable[[], object]) -> dict[str, object
     return results
 
 
-def assert_same_bits(results: dict[str, object]) -> None:
+def assert_same_bits(results: Mapping[str, Any]) -> None:
     reference = results["portable"]
     for isa, result in results.items():
         pairs = (
@@ -51,7 +54,7 @@ def assert_same_bits(results: dict[str, object]) -> None:
             else [(reference, result)]
         )
         for want, got in pairs:
-            assert torch.equal(want, got), f"{isa} differs from portable"  # type: ignore[arg-type]
+            assert torch.equal(want, got), f"{isa} differs from portable"
 
 
 def test_the_path_is_chosen_from_the_cpu(runnable_isas: list[str]) -> None:
@@ -115,7 +118,7 @@ def test_linears_agree_at_the_bounds_of_their_sums(runnable_isas: list[str], lev
     x[3, 256:] = -1.0
     results = on_every_isa(runnable_isas, lambda: linear.matmul(x))
     assert_same_bits(results)
-    assert torch.isfinite(results["portable"]).all()  # type: ignore[union-attr]
+    assert torch.isfinite(results["portable"]).all()
 
 
 def pool_and_rect(dtype: torch.dtype, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -135,7 +138,7 @@ def test_attention_agrees_on_every_isa(runnable_isas: list[str], dtype: torch.dt
         runnable_isas, lambda: ops.paged_attention(q, kv, rect, None, lens, 0.2, 4)
     )
     assert_same_bits(results)
-    assert torch.equal(results["portable"][1], torch.zeros(4 * 32))  # type: ignore[index]
+    assert torch.equal(results["portable"][1], torch.zeros(4 * 32))
 
 
 @pytest.mark.parametrize("pool_dtype", [torch.bfloat16, torch.float16, torch.float32])
@@ -198,7 +201,7 @@ def test_the_pool_rounds_as_torch_does_on_every_isa(
 
     for isa, stored in on_every_isa(runnable_isas, run).items():
         expected = padded.to(pool_dtype)
-        assert torch.equal(stored.view(torch.int16), expected.view(torch.int16)), isa  # type: ignore[union-attr]
+        assert torch.equal(stored.view(torch.int16), expected.view(torch.int16)), isa
 
 
 def test_a_bad_slot_is_refused_not_read() -> None:
@@ -332,7 +335,7 @@ def test_geglu_and_head_norms_agree_with_torch_on_every_isa(runnable_isas: list[
 
     results = on_every_isa(runnable_isas, run)
     assert_same_bits(results)
-    geglu, normed = results["portable"]  # type: ignore[misc]
+    geglu, normed = results["portable"]
     gate, up = gate_up.double().chunk(2, dim=1)
     want = torch.nn.functional.gelu(gate, approximate="tanh") * up
     assert torch.allclose(geglu.double(), want, rtol=1e-6, atol=1e-6)

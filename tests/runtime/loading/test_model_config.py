@@ -10,7 +10,8 @@ import torch
 
 from nanoserve.runtime.errors import ConfigError, UnsupportedModelError
 from nanoserve.runtime.loading.model_config import ModelConfig
-from nanoserve.runtime.loading.rope import LinearRope, RopeScaling, rope_inv_freq
+from nanoserve.runtime.loading.rope import LinearRope, RopeScaling
+from nanoserve.runtime.model.rotary import rope_inv_freq
 from tests.tiny_models import tiny_model_config
 
 LLAMA3_SCALING = {

@@ -11,7 +11,8 @@ import torch
 
 from nanoserve.runtime.errors import ConfigError
 from nanoserve.runtime.loading.model_config import ModelConfig
-from nanoserve.runtime.loading.rope import LongRope, rope_attention_factor, rope_inv_freq
+from nanoserve.runtime.loading.rope import LongRope
+from nanoserve.runtime.model.rotary import rope_attention_factor, rope_inv_freq
 
 SHORT = [1.0, 1.1, 1.3, 1.7, 2.0, 2.5, 3.0, 4.0]
 LONG = [1.0, 2.0, 4.0, 8.0, 16.0, 16.0, 32.0, 32.0]

@@ -16,9 +16,9 @@ import torch
 
 from nanoserve.core import Shape
 from nanoserve.runtime.decode.capture_trace import trace_recorded_steps
+from nanoserve.runtime.engine.config.engine_config import EngineConfig
 from nanoserve.runtime.engine.engine import Engine
-from nanoserve.runtime.engine.sampling_params import SamplingParams
-from nanoserve.runtime.engine_config import EngineConfig
+from nanoserve.runtime.engine.requests.sampling_params import SamplingParams
 from nanoserve.runtime.loading.checkpoint import Checkpoint, load_checkpoint
 from nanoserve.runtime.model.llama import LlamaModel
 from tests.runtime.capture_helpers import PROMPTS, run_joining_workload
@@ -231,7 +231,7 @@ def test_each_serves_from_its_gguf_through_the_boot_path(
     blocks on the kernels), a chat through its template, greedy, as many tokens as asked."""
     from gguf import GGMLQuantizationType
 
-    from nanoserve.runtime.engine.llm import LLM
+    from nanoserve.runtime.engine.serving.llm import LLM
 
     path = write_tiny_gguf(arch_dir, tmp_path / "q8.gguf", qtype=GGMLQuantizationType.Q8_0)
     llm = LLM(str(path), quantize="auto", dtype="auto", max_model_len=128, kv_budget_bytes=1 << 22)

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 import torch
 
-from nanoserve.runtime.engine.llm import LLM
-from nanoserve.runtime.engine.sampling_params import SamplingParams
+from nanoserve.runtime.engine.requests.sampling_params import SamplingParams
+from nanoserve.runtime.engine.serving.llm import LLM
 
 CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
 GEMMA3 = CACHE / "nanoserve" / "bench-models" / "gemma-3-270m-q4_k_m.gguf"

@@ -8,7 +8,14 @@ import dataclasses
 import pytest
 import torch
 
-from nanoserve.core import BlockTable, PrefillChunk, plan_decode, plan_kv_pool, plan_prefill
+from nanoserve.core import (
+    BlockTable,
+    PrefillChunk,
+    PrefillPlan,
+    plan_decode,
+    plan_kv_pool,
+    plan_prefill,
+)
 from nanoserve.core.decode_plan import DecodeSeq
 from nanoserve.runtime.kernels.cpu_kernels import load_cpu_kernels
 from nanoserve.runtime.model.kv_pool import KVPool
@@ -112,7 +119,7 @@ def test_head_norms_and_no_rotary_layers_agree() -> None:
     assert torch.equal(q, qkv[:, :128])
 
 
-def prompt_plan(kv: KVPool, lengths: tuple[int, ...]) -> tuple[list[BlockTable], object]:
+def prompt_plan(kv: KVPool, lengths: tuple[int, ...]) -> tuple[list[BlockTable], PrefillPlan]:
     """Two sequences prefilled in one plan; blocks handed out backwards (slot != position)."""
     free = list(reversed(range(kv.plan.num_blocks)))
     tables_ = [BlockTable(BLOCK, [free.pop() for _ in range(-(-n // BLOCK) + 1)]) for n in lengths]

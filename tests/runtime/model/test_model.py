@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 import torch
 
+from nanoserve.runtime.engine.config.engine_config import EngineConfig
 from nanoserve.runtime.engine.engine import Engine
-from nanoserve.runtime.engine.sampling_params import SamplingParams
-from nanoserve.runtime.engine_config import EngineConfig
+from nanoserve.runtime.engine.requests.sampling_params import SamplingParams
 from nanoserve.runtime.loading.checkpoint import Checkpoint, load_checkpoint
 from nanoserve.runtime.model.llama import LlamaModel
 from tests.runtime.paged_logits import fresh_pool, paged_logits, rel_error
@@ -123,7 +123,8 @@ def test_bfloat16_is_close(tiny_llama_dir: Path, tiny_prompt: list[int]) -> None
 def test_weights_are_not_copied_twice(tiny_llama_dir: Path) -> None:
     model = build(load_checkpoint(tiny_llama_dir))
     assert model.lm_head is model.embed  # tied: one tensor
-    assert model.layers[0].qkv.is_contiguous()
+    qkv = model.layers[0].qkv
+    assert isinstance(qkv, torch.Tensor) and qkv.is_contiguous()
 
 
 # -- the embedded model, against transformers' own load of the same GGUF ----------------------

@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from nanoserve.core import BlockTable, PrefillChunk, plan_prefill
+from nanoserve.runtime.engine.config.engine_config import EngineConfig
 from nanoserve.runtime.engine.engine import Engine
-from nanoserve.runtime.engine.sampling_params import SamplingParams
-from nanoserve.runtime.engine_config import EngineConfig
+from nanoserve.runtime.engine.requests.sampling_params import SamplingParams
 from nanoserve.runtime.kernels.cpu_kernels import ISAS, CpuKernels, load_cpu_kernels
 from nanoserve.runtime.loading.checkpoint import Checkpoint
 from nanoserve.runtime.model.llama import LlamaModel

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from nanoserve.runtime.engine_config import EngineConfig, EngineConfigError
+from nanoserve.runtime.engine.config.engine_config import EngineConfig, EngineConfigError
 from nanoserve.runtime.errors import UnknownQuantizationError
 from nanoserve.runtime.loading.checkpoint import Checkpoint
 from nanoserve.runtime.loading.gguf_blocks import GgufBlocks
@@ -66,8 +66,8 @@ def test_the_type_each_form_serves() -> None:
         assert served_type("gguf", kind) == kind
         assert served_type("gguf", kind, head=True) == kind
         assert served_type("q8", kind) == "Q8_0"
-    for kind in ("F16", "BF16", "F32", "IQ4_XS", None):
-        assert served_type("gguf", kind) == "Q8_0"
+    for other in ("F16", "BF16", "F32", "IQ4_XS", None):
+        assert served_type("gguf", other) == "Q8_0"
     assert served_type("q4", "Q4_0") == "Q4_0" and served_type("q4", "Q4_1") == "Q4_1"
     assert served_type("q4", "Q6_K") == "Q4_1" and served_type("q4", None) == "Q4_1"
     assert served_type("q4", "Q4_1", head=True) == "Q8_0"  # its logits pick the token
@@ -105,7 +105,7 @@ def test_blocks_reach_the_kernel_as_stored_and_release_their_pages(
     # its product is of the stored values: re-quantizing them would move it
     x = torch.randn(2, 256, generator=torch.Generator().manual_seed(3))
     requantized = make_linear([dequantize_blocks(blocks)], "q4", torch.float32, CPU)
-    assert not torch.equal(linear.matmul(x), requantized.matmul(x))  # type: ignore[union-attr]
+    assert not torch.equal(linear.matmul(x), requantized.matmul(x))
 
 
 def test_dense_dequantizes_blocks() -> None:
@@ -131,7 +131,9 @@ def test_embedded_gguf_blocks_are_served_as_stored(embedded_checkpoint: Checkpoi
         source = blocks[name]
         assert isinstance(source, GgufBlocks)
         assert source.kind == ("Q8_0" if "embed" in name else "Q4_1")
-        assert torch.equal(dense(source, torch.float32, CPU), floats[name]), name
+        want = floats[name]
+        assert isinstance(want, torch.Tensor)
+        assert torch.equal(dense(source, torch.float32, CPU), want), name
         linear = make_linear([source], "gguf", torch.float32, CPU)
         assert isinstance(linear, QuantLinear) and linear.kinds == (source.kind,)
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from nanoserve.runtime.errors import ChatTemplateError
@@ -17,7 +19,7 @@ def test_only_a_family_with_its_turn_tokens_gets_one() -> None:
     assert family_template("llama", TURN_TOKENS) is None
 
 
-def gemma(messages: list[dict[str, str]], **extra: object) -> str:
+def gemma(messages: list[dict[str, str]], **extra: Any) -> str:
     template = ChatTemplate(GEMMA3, source="gemma3", special_tokens={"bos_token": "<bos>"})
     return template.render(messages, **extra)
 

@@ -12,14 +12,14 @@ from litestar.exceptions import NotAuthorizedException
 from litestar.handlers.base import BaseRouteHandler
 from litestar.openapi import OpenAPIConfig
 
-from nanoserve.api.errors import EXCEPTION_HANDLERS, without_paths
-from nanoserve.api.health import Health, HealthNotReady
-from nanoserve.api.messages_routes import MessagesController
-from nanoserve.api.openai_routes import OpenAIController
-from nanoserve.api.responses_routes import ResponsesController
-from nanoserve.api.settings import ServerSettings
-from nanoserve.api.state import ServerState
-from nanoserve.api.token_routes import TokenController
+from nanoserve.api.messages.routes import MessagesController
+from nanoserve.api.openai.routes import OpenAIController
+from nanoserve.api.openai.token_routes import TokenController
+from nanoserve.api.responses.routes import ResponsesController
+from nanoserve.api.server.errors import EXCEPTION_HANDLERS, without_paths
+from nanoserve.api.server.health import Health, HealthNotReady
+from nanoserve.api.server.settings import ServerSettings
+from nanoserve.api.server.state import ServerState
 
 
 def require_api_key(connection: ASGIConnection, handler: BaseRouteHandler) -> None:

@@ -10,19 +10,22 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from nanoserve.core.errors import NanoserveError
-from nanoserve.runtime.errors import CheckpointError, EmbeddedModelMissing
+from nanoserve.runtime import CheckpointError, EmbeddedModelMissing
 
 if TYPE_CHECKING:
-    from nanoserve.api.settings import ServerSettings
+    from nanoserve.api.server.engine_client import EngineFactory
+    from nanoserve.api.server.settings import ServerSettings
 
 EXIT_FAILED = 1
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, *, engine_factory: EngineFactory | None = None) -> int:
+    """engine_factory: what `serve` boots (default: the real engine; tests/faults.py's launcher
+    gives one that fails on cue)."""
     args = build_parser().parse_args(argv)
     try:
         if args.command == "serve":
-            return _serve(args)
+            return _serve(args, engine_factory)
         if args.command == "generate":
             return _generate(args)
         return _convert(args)
@@ -34,7 +37,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from nanoserve.api.settings import add_options
+    from nanoserve.api.server.settings import add_options
 
     parser = argparse.ArgumentParser(
         prog="nanoserve", description="An OpenAI-compatible LLM server."
@@ -79,7 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def serve_settings(args: argparse.Namespace) -> ServerSettings:
-    from nanoserve.api.settings import ServerSettings, values_from_args
+    from nanoserve.api.server.settings import ServerSettings, values_from_args
 
     values = values_from_args(args)
     if getattr(args, "model_path", None):
@@ -89,7 +92,7 @@ def serve_settings(args: argparse.Namespace) -> ServerSettings:
 
 def _check_model(model: str | None) -> None:
     """Fail before the port opens: a path that is not there, or no embedded model."""
-    from nanoserve.runtime.loading.embedded import embedded_model_path
+    from nanoserve.runtime import embedded_model_path
 
     if model is None:
         embedded_model_path()
@@ -97,14 +100,15 @@ def _check_model(model: str | None) -> None:
         raise CheckpointError(model, "no such file or directory")
 
 
-def _serve(args: argparse.Namespace) -> int:
+def _serve(args: argparse.Namespace, engine_factory: EngineFactory | None) -> int:
     import uvicorn
 
     from nanoserve.api.app import create_app
-    from nanoserve.api.http_protocol import KEEP_ALIVE_S, MAX_HEAD_BYTES, protocol_class
+    from nanoserve.api.server.engine_client import build_async_engine
+    from nanoserve.api.server.http_protocol import KEEP_ALIVE_S, MAX_HEAD_BYTES, protocol_class
 
     _GracefulServer = _graceful_server_class()
-    from nanoserve.api.state import ServerState
+    from nanoserve.api.server.state import ServerState
 
     settings = serve_settings(args)
     _check_model(settings.engine.model)
@@ -112,7 +116,7 @@ def _serve(args: argparse.Namespace) -> int:
     failed: list[BaseException] = []
 
     config = uvicorn.Config(
-        app=None,  # set below: the app needs the server for its boot-failure callback
+        app=None,  # type: ignore[arg-type]  # set below: the app needs the server first
         host=args.host,
         port=args.port,
         log_level=args.log_level,
@@ -129,7 +133,10 @@ def _serve(args: argparse.Namespace) -> int:
         server.should_exit = True
 
     state = ServerState(
-        settings, say=lambda line: print(line, flush=True), on_boot_failure=on_failure
+        settings,
+        engine_factory=engine_factory or build_async_engine,
+        say=lambda line: print(line, flush=True),
+        on_boot_failure=on_failure,
     )
     config.app = create_app(server=state)
     server.run()
@@ -165,9 +172,7 @@ def _graceful_server_class() -> type:
 
 
 def _generate(args: argparse.Namespace) -> int:
-    from nanoserve.runtime.engine.build import build_engine
-    from nanoserve.runtime.engine.llm import LLM
-    from nanoserve.runtime.engine.sampling_params import SamplingParams
+    from nanoserve.runtime import LLM, SamplingParams, build_engine
 
     settings = serve_settings(args)
     _check_model(settings.engine.model)
@@ -185,7 +190,7 @@ def _generate(args: argparse.Namespace) -> int:
 
 
 def _convert(args: argparse.Namespace) -> int:
-    from nanoserve.runtime.loading.convert import convert_gguf
+    from nanoserve.runtime import convert_gguf
 
     out = convert_gguf(args.gguf, args.out_dir)
     print(f"wrote {out}")

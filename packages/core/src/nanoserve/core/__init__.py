@@ -13,11 +13,24 @@ from nanoserve.core.blocks import (
 )
 from nanoserve.core.buckets import BucketSet, Shape, bucket_decode
 from nanoserve.core.decode_buffers import DecodeBuffers
-from nanoserve.core.decode_plan import DecodePlan, DecodeSeq, pad_decode, padding_plan, plan_decode
+from nanoserve.core.decode_plan import (
+    DecodePlan,
+    DecodeSeq,
+    pad_decode,
+    padding_decode,
+    padding_plan,
+    plan_decode,
+)
 from nanoserve.core.errors import GateError, GeometryError, NanoserveError
 from nanoserve.core.kv_pool_plan import KVPoolPlan, PoolBudgetError, plan_kv_pool
 from nanoserve.core.prefill_budget import PrefillBudget, PrefillBudgetError
-from nanoserve.core.prefill_plan import PrefillChunk, PrefillPlan, last_tokens, plan_prefill
+from nanoserve.core.prefill_plan import (
+    PrefillChunk,
+    PrefillPlan,
+    last_tokens,
+    padding_prefill,
+    plan_prefill,
+)
 from nanoserve.core.slot_table import SlotTable
 from nanoserve.core.step_footprint import StepFootprint
 from nanoserve.core.warm_list import (
@@ -55,7 +68,9 @@ __all__ = [
     "last_tokens",
     "lazy_captures",
     "pad_decode",
+    "padding_decode",
     "padding_plan",
+    "padding_prefill",
     "paged_decode_attention",
     "paged_prefill_attention",
     "plan_decode",

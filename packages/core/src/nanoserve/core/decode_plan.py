@@ -136,14 +136,26 @@ def padding_plan(num_rows: int, width: int, *, table: SlotTable) -> DecodePlan:
     The rectangle is still a window on the real table, so a recording made over this plan
     reads the storage that real steps write through.
     """
-    empty = DecodePlan(
+    return pad_decode(_no_rows(table.sink_slot, table.device), num_rows, width, table)
+
+
+def padding_decode(num_rows: int, sink_slot: int, device: torch.device) -> DecodePlan:
+    """`num_rows` padding rows on no table, each of length 0 and writing the sink: the step a
+    boot times, on a scratch pool whose only slot a request never reads."""
+    return pad_decode(_no_rows(sink_slot, device), num_rows, 1)
+
+
+def _no_rows(sink_slot: int, device: torch.device) -> DecodePlan:
+    def empty(*shape: int) -> torch.Tensor:
+        return torch.empty(shape, dtype=torch.int64, device=device)
+
+    return DecodePlan(
         seq_ids=(),
         pad_rows=0,
-        input_ids=torch.empty(0, dtype=torch.int64, device=table.device),
-        positions=torch.empty(0, dtype=torch.int64, device=table.device),
-        write_slots=torch.empty(0, dtype=torch.int64, device=table.device),
-        context_lens=torch.empty(0, dtype=torch.int64, device=table.device),
-        slot_rect=torch.empty((0, 0), dtype=torch.int64, device=table.device),
-        sink_slot=table.sink_slot,
+        input_ids=empty(0),
+        positions=empty(0),
+        write_slots=empty(0),
+        context_lens=empty(0),
+        slot_rect=empty(0, 0),
+        sink_slot=sink_slot,
     )
-    return pad_decode(empty, num_rows, width, table)

@@ -35,7 +35,7 @@ class DraftBudgetError(NanoserveError, ValueError):
 
 @dataclass(frozen=True, slots=True)
 class DraftCost:
-    """A step's cost in seconds, measured at boot (runtime's engine/spec_timing.py)."""
+    """A step's cost in seconds, measured at boot (runtime's engine/timing/draft_timing.py)."""
 
     base_s: float  # a decode step at zero rows: the weights read once
     per_row_s: float  # each decoding row

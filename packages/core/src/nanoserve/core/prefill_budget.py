@@ -31,7 +31,7 @@ its few decoding rows left would send them back faster than a full one can take 
 streams of a 0.5B, two requests each: the second requests' TTFT p50 0.95-1.0 s with the share
 that grew, 0.67 s with this one; a step's length, so ITL p99, bounded as before).
 
-The costs are measured at boot (runtime's engine/prefill_timing.py), or the budget is a fixed
+The costs are measured at boot (runtime's engine/timing/step_timing.py), or the budget is a fixed
 count (`fixed`).
 """
 

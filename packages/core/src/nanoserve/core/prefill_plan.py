@@ -120,3 +120,23 @@ def last_tokens(plan: PrefillPlan) -> PrefillPlan:
         token_context_lens=plan.token_context_lens[rows],
         sink_slot=plan.sink_slot,
     )
+
+
+def padding_prefill(num_tokens: int, sink_slot: int, device: torch.device) -> PrefillPlan:
+    """One chunk of `num_tokens` tokens at positions 0.., every one writing and reading the
+    sink: a prompt's arithmetic (attention over its own positions included) on no real slot,
+    the chunk a boot times."""
+    positions = torch.arange(num_tokens, dtype=torch.int64, device=device)
+    return PrefillPlan(
+        seq_ids=(),
+        input_ids=torch.zeros(num_tokens, dtype=torch.int64, device=device),
+        positions=positions,
+        write_slots=torch.full((num_tokens,), sink_slot, dtype=torch.int64, device=device),
+        query_starts=(0, num_tokens),
+        context_lens=torch.tensor([num_tokens], dtype=torch.int64, device=device),
+        slot_rect=torch.full((1, num_tokens), sink_slot, dtype=torch.int64, device=device),
+        last_token_idx=torch.tensor([num_tokens - 1], dtype=torch.int64, device=device),
+        token_rows=torch.zeros(num_tokens, dtype=torch.int64, device=device),
+        token_context_lens=positions + 1,
+        sink_slot=sink_slot,
+    )

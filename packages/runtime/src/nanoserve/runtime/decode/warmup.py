@@ -207,9 +207,9 @@ def make_resident(
 ) -> float:
     """Allocate every layer's K/V pool now and touch its pages, and run one unrecorded
     step of `first` under the capture guard, so that the first probe times a recording rather
-    than first-call costs: the pool's allocation (~2 s for 1 GiB here), the allocator's and
-    the BLAS library's first touches, the guard's own set-up (together ~1.4 s of a 1.6 s
-    first probe here, against 0.2 s for the same shape after). Returns seconds."""
+    than first-call costs: the pool's allocation, the allocator's and the BLAS library's first
+    touches, the guard's own set-up (most of a first probe's time, which would price every
+    shape far too dear). Returns seconds."""
     started = clock()
     pool.touch()
     if first is not None:

@@ -8,7 +8,6 @@ sampler picks the next tokens, and commit appends them and retires what finished
 from __future__ import annotations
 
 import itertools
-import logging
 import threading
 import time
 from collections import Counter
@@ -20,27 +19,22 @@ import torch
 
 from nanoserve.core import BlockTable, plan_kv_pool
 from nanoserve.runtime.decode.recordings import Backend
-from nanoserve.runtime.decode.warmup import (
-    Clock,
-    WarmEstimate,
-    WarmPlan,
-    WarmupReport,
-    record_warm_list,
-)
-from nanoserve.runtime.engine import verify
-from nanoserve.runtime.engine.block_manager import BlockManager, PrefixCacheStats
-from nanoserve.runtime.engine.engine_status import EngineStatus, snapshot
-from nanoserve.runtime.engine.kv_events import KVEvent
-from nanoserve.runtime.engine.prefill_timing import resolve_prefill_budget, step_timings
-from nanoserve.runtime.engine.request_check import RequestError, check_request
-from nanoserve.runtime.engine.runner import ModelRunner
-from nanoserve.runtime.engine.sampler import SampleResult, sample
-from nanoserve.runtime.engine.sampling_params import SamplingParams
-from nanoserve.runtime.engine.scheduler import Scheduler, SchedulerOutput
-from nanoserve.runtime.engine.sequence import Delta, Sequence, Status
-from nanoserve.runtime.engine.spec_timing import build_speculator
-from nanoserve.runtime.engine.verify import RowGroup, accepted_drafts, append_kept
-from nanoserve.runtime.engine_config import EngineConfig, EngineConfigError, ResolvedConfig
+from nanoserve.runtime.decode.warmup import Clock, WarmEstimate, WarmPlan, WarmupReport
+from nanoserve.runtime.engine.config.engine_config import EngineConfig, ResolvedConfig
+from nanoserve.runtime.engine.engine_status import EngineStatus, PrefixCacheCounts
+from nanoserve.runtime.engine.requests.request_check import RequestError, check_request
+from nanoserve.runtime.engine.requests.sampling_params import SamplingParams
+from nanoserve.runtime.engine.speculation.speculator import build_speculator
+from nanoserve.runtime.engine.step import verify
+from nanoserve.runtime.engine.step.block_manager import BlockManager, PrefixCacheStats
+from nanoserve.runtime.engine.step.kv_events import KVEvent
+from nanoserve.runtime.engine.step.runner import ModelRunner
+from nanoserve.runtime.engine.step.sampler import SampleResult, sample
+from nanoserve.runtime.engine.step.scheduler import Scheduler, SchedulerOutput
+from nanoserve.runtime.engine.step.sequence import Delta, Sequence, Status
+from nanoserve.runtime.engine.step.verify import RowGroup, accepted_drafts, append_kept
+from nanoserve.runtime.engine.timing.step_timing import resolve_prefill_budget, step_timings
+from nanoserve.runtime.kernels.cpu_features import cpu_features
 from nanoserve.runtime.model.kv_pool import KVPool
 from nanoserve.runtime.model.llama import LlamaModel
 from nanoserve.runtime.model.memory import keep_freed_memory
@@ -49,8 +43,6 @@ from nanoserve.runtime.structured.grammar_spec import GrammarSpec
 from nanoserve.runtime.structured.token_masks import TokenMasks
 from nanoserve.runtime.text.chat_template import ChatTemplate
 from nanoserve.runtime.text.tokenizer import IncrementalDetokenizer, Tokenizer
-
-log = logging.getLogger("nanoserve.engine")
 
 
 class Engine:
@@ -112,7 +104,6 @@ class Engine:
             cfg.vocab_size, config.max_batch, pin=model.device.type == "cuda"
         )
         self._requests: dict[str, list[Sequence]] = {}
-        self._kv_sink: Callable[[list[KVEvent]], object] | None = None
         self._seq_ids = itertools.count()
         self.warm_report: WarmupReport | None = None
         self.finished = Counter[str]()
@@ -207,17 +198,13 @@ class Engine:
         """Waiting sequences (a request of n samples counts n)."""
         return len(self.scheduler.waiting)
 
-    @property
-    def num_waiting_requests(self) -> int:
-        return len({seq.request_id for seq in tuple(self.scheduler.waiting)})
-
     # -- the step ---------------------------------------------------------------------------
 
     @torch.inference_mode()
     def step(self) -> list[Delta]:
         out = self._plan()
         if not out.scheduled:
-            self._publish_kv_events()  # the plan may have evicted
+            self.blocks.publish()  # the plan may have evicted
             return []
         started = time.perf_counter()
         logits = self._execute(out)  # checked (at record time) and run
@@ -225,10 +212,10 @@ class Engine:
         if self.speculator is not None:  # the price of a token, as this step says
             self.speculator.observe_time(out, time.perf_counter() - started)
         deltas = self._commit(out, groups, result)
-        self._publish_kv_events()
+        self.blocks.publish()
         return deltas
 
-    # The phases of a step, each a method so that a test's engine (faults.py) can wrap one.
+    # The phases of a step, each a method so that a test's engine (tests/faults.py) can wrap one.
 
     def _plan(self) -> SchedulerOutput:
         out = self.scheduler.schedule()
@@ -288,8 +275,7 @@ class Engine:
         """From now on, each step's prefix-cache changes go to sink (which must not block: it
         runs on the step thread); None turns them off. The cache is cleared first, so the
         stream starts from a state its subscribers know: its first event is AllBlocksCleared."""
-        self._kv_sink = sink
-        self.blocks.events = None if sink is None else []
+        self.blocks.send_events(sink)
         if sink is not None:
             self.reset_prefix_cache()
 
@@ -299,14 +285,8 @@ class Engine:
         named = self.blocks.reset_prefix_cache()
         for seq in self.scheduler.running:
             seq.block_hashes.clear()
-        self._publish_kv_events()
+        self.blocks.publish()
         return named
-
-    def _publish_kv_events(self) -> None:
-        events = self.blocks.events
-        if events and self._kv_sink is not None:
-            self._kv_sink(list(events))
-            events.clear()
 
     # -- warm-up ----------------------------------------------------------------------------
 
@@ -324,20 +304,10 @@ class Engine:
     ) -> WarmupReport:
         """Record plan (default: `plan_warm()`) within the config's time budget; the report is
         kept as `warm_report`. From then on a shape outside the list runs eagerly."""
-        recordings = self.runner.recordings
-        if recordings is None:
-            raise EngineConfigError("a warm-up needs decode_mode='recorded'")
-        report = record_warm_list(
-            recordings,
-            self.pool,
-            plan or self.plan_warm(),
-            budget_seconds=self.config.warm_seconds,
-            cancel=cancel,
-            announce=announce,
-            clock=clock,
+        self.warm_report = self.runner.warm(
+            plan or self.plan_warm(), cancel=cancel, announce=announce, clock=clock
         )
-        self.warm_report = report
-        return report
+        return self.warm_report
 
     def mark_ready(self) -> float | None:
         """The boot is over: keep and return its seconds (None without boot_started)."""
@@ -392,7 +362,39 @@ class Engine:
             self.speculator.check_blocks(idle=not self.has_unfinished)
 
     def status(self) -> EngineStatus:
-        return snapshot(self)
+        """The engine's status now, what /health and /metrics read: taken between steps or
+        during one, each number read once (consistent field by field, not across fields)."""
+        config, model, stats = self.config, self.model, self.blocks.stats
+        recordings = self.runner.recordings
+        return EngineStatus(
+            model=self.name,
+            dtype=config.dtype,
+            quantize=config.quantize,
+            device=config.device,
+            cpu=cpu_features().describe(),
+            threads=config.threads,
+            kernels=model.kernels,
+            weights=model.weight_types,
+            weight_fallbacks=model.weight_fallbacks,
+            decode_mode=config.decode_mode.value,
+            prefill_budget=self.prefill_budget,
+            max_model_len=config.max_model_len,
+            ready_seconds=self.ready_seconds,
+            pool=self.pool_plan,
+            blocks_in_use=self.blocks.num_in_use,
+            kv_cache_usage=self.blocks.usage(),
+            warm=self.warm_report,
+            recordings=recordings.stats() if recordings is not None else None,
+            running=self.num_running,
+            waiting=self.num_waiting,
+            waiting_requests=len({seq.request_id for seq in tuple(self.scheduler.waiting)}),
+            prefix_cache=PrefixCacheCounts(stats.queried_tokens, stats.hit_tokens),
+            prompt_tokens=self.prompt_tokens,
+            generation_tokens=self.generation_tokens,
+            finished=dict(self.finished),
+            steps=self.num_steps,
+            speculation=self.speculator.counts() if self.speculator is not None else None,
+        )
 
 
 __all__ = ["Engine", "RequestError", "Status"]

@@ -1,23 +1,19 @@
 """EngineStatus: one frozen, typed snapshot of an engine — what /health and /metrics read.
 
-Taken between steps or during one (the step thread mutates the counters it copies): each
-number is read once, so a snapshot is consistent field by field, not across fields.
+`Engine.status()` takes it, between steps or during one (the step thread mutates the counters
+it copies): each number is read once, so a snapshot is consistent field by field, not across
+fields.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from nanoserve.core import KVPoolPlan, PrefillBudget
 from nanoserve.runtime.decode.recordings import RecordingStats
 from nanoserve.runtime.decode.warmup import WarmupReport
-from nanoserve.runtime.engine.speculator import SpecCounts
-from nanoserve.runtime.kernels.cpu_features import cpu_features
-
-if TYPE_CHECKING:
-    from nanoserve.runtime.engine.engine import Engine
+from nanoserve.runtime.engine.speculation.speculator import SpecCounts
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,39 +56,3 @@ class EngineStatus:
     finished: Mapping[str, int]  # finished sequences by finish reason
     steps: int
     speculation: SpecCounts | None = None  # None: speculation is off
-
-
-def snapshot(engine: Engine) -> EngineStatus:
-    """The engine's status now: what /health and /metrics read."""
-    recordings = engine.runner.recordings
-    config = engine.config
-    stats = engine.blocks.stats
-    return EngineStatus(
-        model=engine.name,
-        dtype=config.dtype,
-        quantize=config.quantize,
-        device=config.device,
-        cpu=cpu_features().describe(),
-        threads=config.threads,
-        kernels=engine.runner.model.kernels,
-        weights=engine.runner.model.weight_types,
-        weight_fallbacks=engine.runner.model.weight_fallbacks,
-        decode_mode=config.decode_mode.value,
-        prefill_budget=engine.prefill_budget,
-        max_model_len=config.max_model_len,
-        ready_seconds=engine.ready_seconds,
-        pool=engine.pool_plan,
-        blocks_in_use=engine.blocks.num_in_use,
-        kv_cache_usage=engine.blocks.usage(),
-        warm=engine.warm_report,
-        recordings=recordings.stats() if recordings is not None else None,
-        running=engine.num_running,
-        waiting=engine.num_waiting,
-        waiting_requests=engine.num_waiting_requests,
-        prefix_cache=PrefixCacheCounts(stats.queried_tokens, stats.hit_tokens),
-        prompt_tokens=engine.prompt_tokens,
-        generation_tokens=engine.generation_tokens,
-        finished=dict(engine.finished),
-        steps=engine.num_steps,
-        speculation=engine.speculator.counts() if engine.speculator is not None else None,
-    )

@@ -1,8 +1,8 @@
 """GgufReader: a GGUF file's header parsed in one pass, its tensors views of one memory map.
 
-The `gguf` package's reader builds a numpy view per metadata item, which takes ~12 s for a
-150k-token vocabulary (measured here on Qwen2.5's file); this one walks the header with
-`struct` and slices strings out of one buffer (~0.2 s for the same file). Tensor data is never
+The `gguf` package's reader builds a numpy view per metadata item, which takes seconds for a
+150k-token vocabulary; this one walks the header with `struct` and slices strings out of one
+buffer, a small fraction of that. Tensor data is never
 read here: `tensor_bytes(info)` is a uint8 view of a read-only map of the whole
 file, so a weight is paged in when a packer reads it and costs no copy until then.
 

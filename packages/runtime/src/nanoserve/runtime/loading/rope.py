@@ -1,21 +1,15 @@
-"""Rotary position embeddings: the scalings a config may name (Llama 3's blend, linear,
-GGUF frequency factors, Phi-3's longrope), their parsing from and writing to `config.json`,
-and the inverse frequencies and attention factor the forward's cos/sin tables are made of,
-exactly as transformers computes them."""
+"""Rotary position embeddings as a config names them: the scalings (Llama 3's blend, linear,
+GGUF frequency factors, Phi-3's longrope), their parsing from and writing to `config.json`.
+The maths the forward makes of them is model/rotary.py."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
-
-import torch
+from typing import Any
 
 from nanoserve.runtime.errors import ConfigError, UnsupportedModelError
-
-if TYPE_CHECKING:
-    from nanoserve.runtime.loading.model_config import ModelConfig
 
 DEFAULT_ROPE_THETA: dict[str, float] = {
     "llama": 10000.0,
@@ -69,56 +63,6 @@ class LongRope:
 
 
 Scaling = RopeScaling | LinearRope | FreqFactors | LongRope
-
-
-def rope_inv_freq(
-    config: ModelConfig,
-    device: torch.device | str = "cpu",
-    *,
-    sliding: bool = False,
-    positions: int | None = None,
-) -> torch.Tensor:
-    """Rotary inverse frequencies, `[rope_dim // 2]` float32, exactly as transformers computes
-    them; `sliding`: a sliding layer's (its own base where the config has one, and then no
-    scaling: Gemma 3's local layers); `positions`: the context served, which picks longrope's
-    short or long divisors."""
-    dim = config.rope_dim
-    local_theta = config.sliding_rope_theta if sliding else None
-    local = local_theta is not None
-    theta = local_theta if local_theta is not None else config.rope_theta
-    # Same op order as transformers (int64 arange, then float32 division and power), so the bits agree.
-    exponents = torch.arange(0, dim, 2, dtype=torch.int64, device=device).to(torch.float32) / dim
-    inv_freq = 1.0 / (theta**exponents)
-    s = None if local else config.rope_scaling
-    if s is None:
-        return inv_freq
-    if isinstance(s, LinearRope):
-        return inv_freq / s.factor
-    if isinstance(s, FreqFactors):
-        return inv_freq / torch.tensor(s.factors, dtype=torch.float32, device=device)
-    if isinstance(s, LongRope):
-        served = positions or config.max_position_embeddings
-        chosen = s.long_factor if served > s.original_max_position_embeddings else s.short_factor
-        factors = torch.tensor(chosen, dtype=torch.float32, device=device)
-        return 1.0 / (factors * theta**exponents)
-    low_freq_wavelen = s.original_max_position_embeddings / s.low_freq_factor
-    high_freq_wavelen = s.original_max_position_embeddings / s.high_freq_factor
-    wavelen = 2 * math.pi / inv_freq
-    # Long wavelengths (beyond the original context) are slowed by `factor`; short ones untouched;
-    # in between, a linear blend in 1/wavelength.
-    scaled = torch.where(wavelen > low_freq_wavelen, inv_freq / s.factor, inv_freq)
-    smooth = (s.original_max_position_embeddings / wavelen - s.low_freq_factor) / (
-        s.high_freq_factor - s.low_freq_factor
-    )
-    smoothed = (1 - smooth) * scaled / s.factor + smooth * scaled
-    is_medium = ~(wavelen < high_freq_wavelen) * ~(wavelen > low_freq_wavelen)
-    return torch.where(is_medium, smoothed, scaled)
-
-
-def rope_attention_factor(config: ModelConfig) -> float:
-    """What cos and sin are multiplied by: longrope's attention factor, else 1."""
-    s = config.rope_scaling
-    return s.attention_factor if isinstance(s, LongRope) else 1.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,8 +2,8 @@
 
 Decode at small batches is a weight-bandwidth problem: a step streams every weight once.
 Stored as int8 the weights are a quarter of fp32's bytes and half of bf16's, and torch's
-`_weight_int8pack_mm` reads them directly (measured here: all of SmolLM2's linears in 5.7 ms
-per step at one row, against 16 ms in bf16 and 34 ms in fp32). Activations stay in the
+`_weight_int8pack_mm` reads them directly (a step's linears run in a fraction of bf16's and
+fp32's time: RESULTS.md, "forward"). Activations stay in the
 model's dtype; the error is one rounding of each weight to 255 levels of its row's range.
 """
 

@@ -23,14 +23,14 @@ from nanoserve.runtime.model.device import resolve_device
 def zeroed(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """Zeros. On a CPU, pages of an anonymous map, which the OS hands out zeroed on first
     touch: a 1 GiB pool costs nothing until its slots are written, and only the slots ever
-    written are resident (torch.zeros writes every byte at once: 1.3 s for 256 MiB here)."""
+    written are resident (torch.zeros writes every byte at once, seconds for a large pool)."""
     if device.type != "cpu":
         return torch.zeros(shape, dtype=dtype, device=device)
     numel = math.prod(shape)
     # In 4 KiB pages (MADV_NOHUGEPAGE, for hosts whose transparent huge pages are "always"): a
     # slot's first write then faults in 4 KiB, where a huge page is 2 MiB at once, and a VM that
-    # reports free huge blocks to its host faults each back in at ~0.5 GB/s (~4 ms in front of a
-    # step; a 1.5B's first forward at boot took 175 ms in huge pages, 40 ms without).
+    # reports free huge blocks to its host faults each back in slowly, in front of a step
+    # (RESULTS.md, 2026-12-04: a 1.5B's first forward at boot, with and without huge pages).
     flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS
     pages = mmap.mmap(-1, max(1, numel * dtype.itemsize), flags=flags)
     with contextlib.suppress(AttributeError, OSError):  # a hint; absent off Linux

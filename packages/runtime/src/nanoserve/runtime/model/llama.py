@@ -16,19 +16,17 @@ nanoserve's CPU kernels, which the CPU-only weight forms (q4, q8) run on.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 from nanoserve.core import DecodePlan, PrefillPlan, StepFootprint, last_tokens
-from nanoserve.runtime.errors import QuantizationError, WeightsError
+from nanoserve.runtime.errors import QuantizationError
 from nanoserve.runtime.kernels.cpu_kernels import load_cpu_kernels
 from nanoserve.runtime.loading.checkpoint import (
     Checkpoint,
     expected_tensor_shapes,
-    layer_norm_names,
 )
 from nanoserve.runtime.loading.gguf_blocks import GgufBlocks
 from nanoserve.runtime.loading.model_config import ModelConfig
@@ -36,19 +34,19 @@ from nanoserve.runtime.model.device import resolve_device
 from nanoserve.runtime.model.embedding import QuantEmbedding
 from nanoserve.runtime.model.int8_weight import Int8Weight
 from nanoserve.runtime.model.kv_pool import CacheRows
-from nanoserve.runtime.model.layer_kind import layer_kinds, rotary_table
+from nanoserve.runtime.model.layer_kind import layer_kinds
 from nanoserve.runtime.model.layer_ops import CpuKernelOps, LayerOps, TorchOps
+from nanoserve.runtime.model.model_weights import assemble_weights
 from nanoserve.runtime.model.quant_weight import QuantLinear, QuantWeight
+from nanoserve.runtime.model.rotary import rotary_table
 from nanoserve.runtime.model.weight_forms import (
     KERNEL_FORMS,
     Linear,
     Source,
     check_quantize,
-    dense,
     describe_fallbacks,
     describe_types,
     kept_blocks,
-    make_linear,
 )
 
 # MKL's fp32 GEMM picks its kernel by the number of rows, and which counts share a kernel
@@ -56,8 +54,8 @@ from nanoserve.runtime.model.weight_forms import (
 # oneDNN's bf16 GEMM on that Xeon changes kernel past 32 rows. At one fixed count a row's
 # result ignores the other rows and its position among them on every CPU measured, so the
 # batch-invariant torch path calls its GEMMs on tiles of exactly one size: 4 rows in float32
-# (the cheapest for decode), 32 in bf16 (measured here: decode as fast as untiled, prefill
-# 2.5x faster than 4-row tiles).
+# (the cheapest for decode), 32 in bf16 (decode as fast as untiled, prefill faster than 4-row
+# tiles).
 INVARIANT_ROW_TILE = {torch.float32: 4}
 BF16_ROW_TILE = 32
 
@@ -91,20 +89,6 @@ def invariance(
         return "batch, bucket and ISA"
     cpu = torch.device(device).type == "cpu"
     return "batch and bucket" if batch_invariant and cpu else "bucket shape"
-
-
-@dataclass(slots=True)
-class LayerWeights:
-    qkv: Linear  # [(heads + 2 * kv_heads) * head_dim, hidden]
-    qkv_bias: torch.Tensor | None
-    o: Linear  # [hidden, heads * head_dim]
-    gate_up: Linear  # [2 * intermediate, hidden]
-    down: Linear  # [hidden, intermediate]
-    input_norm: torch.Tensor  # [hidden]
-    post_norm: torch.Tensor  # [hidden], before the MLP
-    qk_norms: tuple[torch.Tensor, torch.Tensor] | None = None  # [head_dim] each (Qwen3, Gemma 3)
-    attn_out_norm: torch.Tensor | None = None  # [hidden], on attention's output (Gemma 3)
-    mlp_out_norm: torch.Tensor | None = None  # [hidden], on the MLP's output (Gemma 3)
 
 
 class LlamaModel:
@@ -142,78 +126,16 @@ class LlamaModel:
         small_dtype = torch.float32 if kernel_ops else dtype
         self.kv_dtype = torch.float16 if kernel_ops else dtype
 
-        def source(name: str) -> Source:
-            try:
-                return weights.pop(name)
-            except KeyError:
-                raise WeightsError("checkpoint", f"weight {name} is missing") from None
-
-        def take(name: str, as_dtype: torch.dtype = dtype) -> torch.Tensor:
-            return dense(source(name), as_dtype, self.device)
-
-        def norm(name: str) -> torch.Tensor:
-            # Gemma's norms scale by (1 + w): the 1 added once here, in float32, as transformers
-            # adds it (a GGUF's converter has added it already: the file's config says 0).
-            weight = dense(source(name), torch.float32, self.device)
-            if config.norm_offset:
-                weight = weight + config.norm_offset
-            return weight.to(small_dtype)
-
-        def linear(*names: str, form: str | None = quantize) -> Linear:
-            return make_linear([source(n) for n in names], form, dtype, self.device)
-
-        embed = source("model.embed_tokens.weight")
-        # Under the kernels a GGUF's table stays in the file, read row by row (embedding.py).
-        self.embed: torch.Tensor | QuantEmbedding = (
-            QuantEmbedding(embed)
-            if kernel_ops and isinstance(embed, GgufBlocks)
-            else dense(embed, dtype, self.device)
-        )  # [vocab, hidden], for lookups
-        self.layers: list[LayerWeights] = []
-        norm_names = layer_norm_names(config)
-        for i in range(config.num_layers):
-            p = f"model.layers.{i}."
-            fused = config.fused_projections
-            attn = [f"{p}self_attn.{n}_proj" for n in (["qkv"] if fused else "qkv")]
-            mlp = [f"{p}mlp.{n}_proj" for n in (["gate_up"] if fused else ["gate", "up"])]
-            has_bias = f"{attn[0]}.bias" in weights
-            norms = {n: norm(f"{p}{n}.weight") for n in norm_names}
-            qk_norms = (
-                (norm(f"{p}self_attn.q_norm.weight"), norm(f"{p}self_attn.k_norm.weight"))
-                if config.qk_norm
-                else None
-            )
-            self.layers.append(
-                LayerWeights(
-                    qkv=linear(*(f"{a}.weight" for a in attn)),
-                    qkv_bias=torch.cat([take(f"{a}.bias", small_dtype) for a in attn])
-                    if has_bias
-                    else None,
-                    o=linear(f"{p}self_attn.o_proj.weight"),
-                    gate_up=linear(*(f"{m}.weight" for m in mlp)),
-                    down=linear(f"{p}mlp.down_proj.weight"),
-                    input_norm=norms["input_layernorm"],
-                    post_norm=norms.get(
-                        "pre_feedforward_layernorm", norms["post_attention_layernorm"]
-                    ),
-                    qk_norms=qk_norms,
-                    attn_out_norm=norms["post_attention_layernorm"]
-                    if config.sandwich_norm
-                    else None,
-                    mlp_out_norm=norms.get("post_feedforward_layernorm"),
-                )
-            )
-        self.norm = norm("model.norm.weight")
-        # The output projection, tied or not, takes the head's form; tied and unquantized, it
-        # is the embedding table itself.
-        self.tied = "lm_head.weight" not in weights or config.tie_word_embeddings
-        lm_source = embed if self.tied else source("lm_head.weight")
-        weights.pop("lm_head.weight", None)
-        if quantize is None and self.tied:
-            assert isinstance(self.embed, torch.Tensor)
-            self.lm_head: Linear = self.embed
-        else:
-            self.lm_head = make_linear([lm_source], quantize, dtype, self.device, head=True)
+        assembled = assemble_weights(
+            config,
+            weights,
+            dtype=dtype,
+            device=self.device,
+            quantize=quantize,
+            small_dtype=small_dtype,
+        )
+        self.embed, self.layers, self.norm = assembled.embed, assembled.layers, assembled.norm
+        self.lm_head, self.tied = assembled.lm_head, assembled.tied
         # The rotary tables cover what the deployment serves, not a 128k-position config.
         positions = min(config.max_position_embeddings, max_positions or 1 << 62)
         self.kinds = layer_kinds(config)

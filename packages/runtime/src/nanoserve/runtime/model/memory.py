@@ -32,9 +32,8 @@ def keep_freed_memory() -> bool:
     """Stop glibc handing each step's large temporaries back to the OS.
 
     By default glibc serves allocations over 128 KiB with mmap and frees them with munmap (and
-    trims the heap top), so every decode step faults its gather and score buffers in afresh:
-    measured here, a 64-row step took 400 ms that way and 178 ms with freed memory kept. One
-    call per process; returns whether the settings took (False off glibc)."""
+    trims the heap top), so every decode step faults its gather and score buffers in afresh, a
+    wide step's largest cost (RESULTS.md has the figures). One call per process; returns whether the settings took (False off glibc)."""
     if sys.platform != "linux":
         return False
     try:

@@ -1,0 +1,1 @@
+"""Anthropic's Messages API: its request translated onto the chat path, its answers."""

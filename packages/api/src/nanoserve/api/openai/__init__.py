@@ -1,0 +1,1 @@
+"""OpenAI's routes: completions, chat completions, models, tokenize/detokenize/render."""

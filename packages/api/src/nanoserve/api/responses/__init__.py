@@ -1,0 +1,1 @@
+"""OpenAI's Responses API: its request translated onto the chat path, its answers."""

@@ -1,0 +1,1 @@
+"""The server itself: settings, state, admission, errors, health, metrics, the engine client."""

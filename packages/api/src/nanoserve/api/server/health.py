@@ -1,0 +1,66 @@
+"""/health's two bodies, as msgspec Structs: a ready engine, and one that is not (yet).
+
+A ready engine reports what it serves and its plans: the K/V pool's, the warm-up's and the
+recordings' (each the runtime's own `as_dict()`); before that, the boot's phase or why it
+failed. The fields and their names are the published /health document.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from msgspec import Struct
+
+from nanoserve.runtime import EngineStatus
+
+
+class HealthNotReady(Struct, kw_only=True):
+    """503: still booting ("starting"), or failed (the boot, or the engine since)."""
+
+    status: str  # "starting" | "failed"
+    phase: str | None  # the boot's console line; "failed" once the engine died
+    error: str | None
+
+
+class Health(Struct, kw_only=True):
+    """200: a ready engine."""
+
+    status: str  # "ok"
+    model: str
+    dtype: str
+    quantize: str | None
+    device: str
+    cpu: str
+    threads: int  # the kernels' and torch's intra-op threads (--threads)
+    kernels: str
+    weights: str | None
+    weight_fallbacks: str | None
+    decode_mode: str
+    prefill_budget: dict[str, Any] | None
+    ready_seconds: float | None
+    kv_pool: dict[str, Any]  # the pool plan, and the blocks held now
+    warm: dict[str, Any] | None  # the warm-up's report; None: none ran
+    capture: dict[str, Any] | None  # the recordings' counters; None: nothing is recorded
+    speculation: dict[str, Any] | None = None  # its counters and measured costs; None: off
+
+    @classmethod
+    def of(cls, status: EngineStatus) -> Health:
+        return cls(
+            status="ok",
+            model=status.model,
+            dtype=status.dtype,
+            quantize=status.quantize,
+            device=status.device,
+            cpu=status.cpu,
+            threads=status.threads,
+            kernels=status.kernels,
+            weights=status.weights,
+            weight_fallbacks=status.weight_fallbacks,
+            decode_mode=status.decode_mode,
+            prefill_budget=status.prefill_budget.as_dict() if status.prefill_budget else None,
+            ready_seconds=status.ready_seconds,
+            kv_pool={**status.pool.as_dict(), "blocks_in_use": status.blocks_in_use},
+            warm=status.warm.as_dict() if status.warm is not None else None,
+            capture=status.recordings.as_dict() if status.recordings is not None else None,
+            speculation=status.speculation.as_dict() if status.speculation is not None else None,
+        )

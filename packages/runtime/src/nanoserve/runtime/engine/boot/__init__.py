@@ -1,0 +1,1 @@
+"""Building an engine: loading, pricing, warming; the boot's heap."""

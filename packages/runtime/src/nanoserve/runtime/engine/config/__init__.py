@@ -1,0 +1,1 @@
+"""The engine's configuration: what a user asks for, and what it resolves to."""

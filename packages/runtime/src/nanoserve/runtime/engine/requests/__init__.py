@@ -1,0 +1,1 @@
+"""A request as the engine takes it: sampling parameters, checks, times."""

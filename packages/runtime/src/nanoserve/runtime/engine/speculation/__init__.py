@@ -1,0 +1,1 @@
+"""Speculative decoding: the speculator and its proposers (prompt lookup, a draft model)."""

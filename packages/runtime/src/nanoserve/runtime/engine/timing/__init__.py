@@ -1,0 +1,1 @@
+"""Step cost: timings measured at boot, prices estimated live, the cache that keeps timings."""

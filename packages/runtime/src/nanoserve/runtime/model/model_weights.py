@@ -1,0 +1,128 @@
+"""The weights of a Llama-family model as the forward reads them: each tensor of a checkpoint
+taken once, cast and placed, and each linear in its weight form (weight_forms.py).
+
+A layer's projections are fused as the forward calls them (q, k and v as one qkv; gate and up
+as one), norms carry Gemma's (1 + w) offset already added, and the output projection is the
+embedding table itself where it is tied and unquantized.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from nanoserve.runtime.errors import WeightsError
+from nanoserve.runtime.loading.checkpoint import layer_norm_names
+from nanoserve.runtime.loading.gguf_blocks import GgufBlocks
+from nanoserve.runtime.loading.model_config import ModelConfig
+from nanoserve.runtime.model.embedding import QuantEmbedding
+from nanoserve.runtime.model.weight_forms import KERNEL_FORMS, Linear, Source, dense, make_linear
+
+
+@dataclass(slots=True)
+class LayerWeights:
+    qkv: Linear  # [(heads + 2 * kv_heads) * head_dim, hidden]
+    qkv_bias: torch.Tensor | None
+    o: Linear  # [hidden, heads * head_dim]
+    gate_up: Linear  # [2 * intermediate, hidden]
+    down: Linear  # [hidden, intermediate]
+    input_norm: torch.Tensor  # [hidden]
+    post_norm: torch.Tensor  # [hidden], before the MLP
+    qk_norms: tuple[torch.Tensor, torch.Tensor] | None = None  # [head_dim] each (Qwen3, Gemma 3)
+    attn_out_norm: torch.Tensor | None = None  # [hidden], on attention's output (Gemma 3)
+    mlp_out_norm: torch.Tensor | None = None  # [hidden], on the MLP's output (Gemma 3)
+
+
+@dataclass(frozen=True, slots=True)
+class ModelWeights:
+    embed: torch.Tensor | QuantEmbedding  # [vocab, hidden], for lookups
+    layers: list[LayerWeights]
+    norm: torch.Tensor  # [hidden], the final norm
+    lm_head: Linear  # [vocab, hidden]
+    tied: bool  # the output projection is the embedding's (stored once in the file)
+
+
+def assemble_weights(
+    config: ModelConfig,
+    weights: dict[str, Source],
+    *,
+    dtype: torch.dtype,
+    device: torch.device,
+    quantize: str | None,
+    small_dtype: torch.dtype,
+) -> ModelWeights:
+    """Every weight the forward reads, popped from `weights` (what is left was not used);
+    `small_dtype`: what norms and biases are kept in."""
+    kernel_ops = quantize in KERNEL_FORMS
+
+    def source(name: str) -> Source:
+        try:
+            return weights.pop(name)
+        except KeyError:
+            raise WeightsError("checkpoint", f"weight {name} is missing") from None
+
+    def take(name: str, as_dtype: torch.dtype = dtype) -> torch.Tensor:
+        return dense(source(name), as_dtype, device)
+
+    def norm(name: str) -> torch.Tensor:
+        # Gemma's norms scale by (1 + w): the 1 added once here, in float32, as transformers
+        # adds it (a GGUF's converter has added it already: the file's config says 0).
+        weight = dense(source(name), torch.float32, device)
+        if config.norm_offset:
+            weight = weight + config.norm_offset
+        return weight.to(small_dtype)
+
+    def linear(*names: str, form: str | None = quantize) -> Linear:
+        return make_linear([source(n) for n in names], form, dtype, device)
+
+    embed = source("model.embed_tokens.weight")
+    # Under the kernels a GGUF's table stays in the file, read row by row (embedding.py).
+    embed_table: torch.Tensor | QuantEmbedding = (
+        QuantEmbedding(embed)
+        if kernel_ops and isinstance(embed, GgufBlocks)
+        else dense(embed, dtype, device)
+    )  # [vocab, hidden], for lookups
+    layers: list[LayerWeights] = []
+    norm_names = layer_norm_names(config)
+    for i in range(config.num_layers):
+        p = f"model.layers.{i}."
+        fused = config.fused_projections
+        attn = [f"{p}self_attn.{n}_proj" for n in (["qkv"] if fused else "qkv")]
+        mlp = [f"{p}mlp.{n}_proj" for n in (["gate_up"] if fused else ["gate", "up"])]
+        has_bias = f"{attn[0]}.bias" in weights
+        norms = {n: norm(f"{p}{n}.weight") for n in norm_names}
+        qk_norms = (
+            (norm(f"{p}self_attn.q_norm.weight"), norm(f"{p}self_attn.k_norm.weight"))
+            if config.qk_norm
+            else None
+        )
+        layers.append(
+            LayerWeights(
+                qkv=linear(*(f"{a}.weight" for a in attn)),
+                qkv_bias=torch.cat([take(f"{a}.bias", small_dtype) for a in attn])
+                if has_bias
+                else None,
+                o=linear(f"{p}self_attn.o_proj.weight"),
+                gate_up=linear(*(f"{m}.weight" for m in mlp)),
+                down=linear(f"{p}mlp.down_proj.weight"),
+                input_norm=norms["input_layernorm"],
+                post_norm=norms.get("pre_feedforward_layernorm", norms["post_attention_layernorm"]),
+                qk_norms=qk_norms,
+                attn_out_norm=norms["post_attention_layernorm"] if config.sandwich_norm else None,
+                mlp_out_norm=norms.get("post_feedforward_layernorm"),
+            )
+        )
+    final_norm = norm("model.norm.weight")
+    # The output projection, tied or not, takes the head's form; tied and unquantized, it
+    # is the embedding table itself.
+    tied = "lm_head.weight" not in weights or config.tie_word_embeddings
+    lm_source = embed if tied else source("lm_head.weight")
+    weights.pop("lm_head.weight", None)
+    lm_head: Linear
+    if quantize is None and tied:
+        assert isinstance(embed_table, torch.Tensor)
+        lm_head = embed_table
+    else:
+        lm_head = make_linear([lm_source], quantize, dtype, device, head=True)
+    return ModelWeights(embed_table, layers, final_norm, lm_head, tied)
