@@ -129,6 +129,16 @@ def test_pad_inert_fails_on_an_unmasked_padded_row(plan: DecodePlan) -> None:
         check_pad_inert(wrong)
 
 
+def test_pad_inert_fails_on_a_padded_row_using_a_real_state_slot(plan: DecodePlan) -> None:
+    """A hybrid's padded row must read and write only the sink state slot."""
+    wrong = replace(plan, state_slots=vec(0, 1, 2, 2), sink_state_slot=3)
+    with pytest.raises(
+        PadNotInertError,
+        match=r"^padded row 3 uses state slot 2; padding needs the sink state slot 3$",
+    ):
+        check_pad_inert(wrong)
+
+
 def test_pad_inert_fails_on_a_real_row_writing_the_sink(plan: DecodePlan) -> None:
     wrong = replace(plan, write_slots=vec(1, SINK, 8, SINK))
     with pytest.raises(PadNotInertError, match=r"^real row 1 \(sequence 11\) writes to the sink$"):

@@ -30,16 +30,17 @@ def three_seqs(first_token: int = 100) -> list[DecodeSeq]:
 
 
 def test_allocate_fills_padding_values() -> None:
-    buffers = DecodeBuffers.allocate(5, sink_slot=SINK)
+    buffers = DecodeBuffers.allocate(5, sink_slot=SINK, sink_state_slot=8)
     assert buffers.max_batch == 5
     assert buffers.input_ids.tolist() == [0] * 5
     assert buffers.positions.tolist() == [0] * 5
     assert buffers.write_slots.tolist() == [SINK] * 5
     assert buffers.context_lens.tolist() == [0] * 5
+    assert buffers.state_slots.tolist() == [8] * 5  # padding reads and writes the sink state
     assert all(getattr(buffers, name).dtype == torch.int64 for name in BUFFER_NAMES)
-    assert BUFFER_NAMES == ("input_ids", "positions", "write_slots", "context_lens")
+    assert BUFFER_NAMES == ("input_ids", "positions", "write_slots", "context_lens", "state_slots")
     assert buffers.addresses() == {name: getattr(buffers, name).data_ptr() for name in BUFFER_NAMES}
-    assert len(set(buffers.addresses().values())) == 4
+    assert len(set(buffers.addresses().values())) == 5
 
 
 def test_allocate_needs_a_positive_size() -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -196,3 +198,16 @@ def test_warmup_plan_is_all_padding_on_the_real_table() -> None:
 def test_warmup_plan_errors(num_rows: int, width: int, message: str) -> None:
     with pytest.raises(GeometryError, match=message):
         padding_plan(num_rows, width, table=SlotTable(4, 8, SINK))
+
+
+def test_state_slots_follow_their_rows_and_padding_takes_the_sink_state() -> None:
+    """A hybrid's rows carry their sequences' state slots; padded rows the sink state slot."""
+    with_state = [
+        dataclasses.replace(s, state_slot=slot) for s, slot in zip(seqs(), (2, 0), strict=True)
+    ]
+    plan = plan_decode(with_state, sink_slot=SINK, sink_state_slot=3)
+    assert (plan.state_slots.tolist(), plan.sink_state_slot) == ([2, 0], 3)
+    padded = pad_decode(plan, 4, 8)
+    assert padded.state_slots.tolist() == [2, 0, 3, 3]
+    table = SlotTable(4, 8, SINK)
+    assert padding_plan(3, 4, table=table, sink_state_slot=5).state_slots.tolist() == [5, 5, 5]

@@ -123,3 +123,12 @@ def test_refuses_a_chunk_past_its_blocks() -> None:
     )
     with pytest.raises(GeometryError, match=r"^sequence 2 reaches position 8; its blocks hold 8$"):
         plan_prefill([long], sink_slot=SINK)
+
+
+def test_each_chunk_carries_its_state_slot() -> None:
+    with_state = [
+        dataclasses.replace(c, state_slot=slot) for c, slot in zip(chunks(), (1, 0), strict=True)
+    ]
+    plan = plan_prefill(with_state, sink_slot=SINK, sink_state_slot=2)
+    assert (plan.state_slots.tolist(), plan.sink_state_slot) == ([1, 0], 2)
+    assert last_tokens(plan).state_slots.tolist() == [1, 0]  # the chunks', not the tokens'

@@ -119,6 +119,15 @@ def test_warm_writes_sink_fails_on_an_unmasked_row(warm: DecodePlan) -> None:
         check_warm_writes_sink(replace(warm, context_lens=vec(0, 0, 3, 0)))
 
 
+def test_warm_writes_sink_fails_on_a_real_state_slot(warm: DecodePlan) -> None:
+    wrong = replace(warm, state_slots=vec(0, 0, 1, 0), sink_state_slot=0)
+    with pytest.raises(
+        WarmWriteNotSinkError,
+        match=r"^warm row 2 uses state slot 1; it must use the sink state slot 0$",
+    ):
+        check_warm_writes_sink(wrong)
+
+
 def test_warm_writes_sink_fails_on_a_real_plan(real_plan: DecodePlan) -> None:
     with pytest.raises(
         WarmWriteNotSinkError, match=r"^warm row 0 writes slot 1 with context_len 6"

@@ -16,7 +16,8 @@ from nanoserve.core.slot_table import SlotTable
 
 
 class PadNotInertError(GateError):
-    """A padded row is not masked or does not write the sink, or a real row writes the sink."""
+    """A padded row is not masked or does not write the sinks (K/V and state), or a real row
+    writes the K/V sink."""
 
 
 class MappingNotWindowError(GateError):
@@ -47,11 +48,17 @@ def check_pad_inert(plan: DecodePlan) -> None:
     real = len(plan.seq_ids)
     lens = plan.context_lens.tolist()
     writes = plan.write_slots.tolist()
+    states = plan.state_slots.tolist()
     for row in range(real, plan.num_rows):
         if lens[row] != 0 or writes[row] != plan.sink_slot:
             raise PadNotInertError(
                 f"padded row {row} has context_len {lens[row]} and write slot {writes[row]};"
                 f" padding needs 0 and the sink {plan.sink_slot}"
+            )
+        if states[row] != plan.sink_state_slot:
+            raise PadNotInertError(
+                f"padded row {row} uses state slot {states[row]}; padding needs the sink state"
+                f" slot {plan.sink_state_slot}"
             )
     for row in range(real):
         if writes[row] == plan.sink_slot:

@@ -1,4 +1,4 @@
-"""DecodeBuffers: the four persistent [max_batch] input vectors a decode step reads."""
+"""DecodeBuffers: the five persistent [max_batch] input vectors a decode step reads."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import torch
 from nanoserve.core.decode_plan import DecodePlan
 from nanoserve.core.errors import GeometryError, require_positive
 
-BUFFER_NAMES = ("input_ids", "positions", "write_slots", "context_lens")
+BUFFER_NAMES = ("input_ids", "positions", "write_slots", "context_lens", "state_slots")
 
 
 @dataclass(frozen=True, slots=True)
@@ -20,17 +20,22 @@ class DecodeBuffers:
     positions: torch.Tensor  # [max_batch]
     write_slots: torch.Tensor  # [max_batch]
     context_lens: torch.Tensor  # [max_batch]
+    state_slots: torch.Tensor  # [max_batch]
 
     @classmethod
     def allocate(
-        cls, max_batch: int, sink_slot: int, device: torch.device | str | None = None
+        cls,
+        max_batch: int,
+        sink_slot: int,
+        device: torch.device | str | None = None,
+        sink_state_slot: int = 0,
     ) -> DecodeBuffers:
         require_positive(max_batch=max_batch)
 
         def vector(fill: int) -> torch.Tensor:
             return torch.full((max_batch,), fill, dtype=torch.int64, device=device)
 
-        return cls(vector(0), vector(0), vector(sink_slot), vector(0))
+        return cls(vector(0), vector(0), vector(sink_slot), vector(0), vector(sink_state_slot))
 
     @property
     def max_batch(self) -> int:

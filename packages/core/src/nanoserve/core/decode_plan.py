@@ -14,20 +14,23 @@ from nanoserve.core.slot_table import SlotTable
 
 @dataclass(frozen=True, slots=True)
 class DecodeSeq:
-    """One running sequence as the planner sees it: feed token_id at position."""
+    """One running sequence as the planner sees it: feed token_id at position, reading and
+    writing its recurrent state in state_slot (a model without recurrent layers ignores it)."""
 
     seq_id: int
     token_id: int
     position: int
     block_table: BlockTable
+    state_slot: int = 0
 
 
 @dataclass(frozen=True, slots=True)
 class DecodePlan:
     """Row i < len(rows) is sequence rows[i]; the pad_rows rows after them are padding.
 
-    A padded row has context_lens 0 (fully masked) and writes its K/V to sink_slot. The context
-    length counts the token being fed, so a real row's position is context_lens - 1.
+    A padded row has context_lens 0 (fully masked), writes its K/V to sink_slot and reads and
+    writes the recurrent state of sink_state_slot. The context length counts the token being
+    fed, so a real row's position is context_lens - 1.
     """
 
     seq_ids: tuple[int, ...]  # sequence ids of the real rows, in row order
@@ -36,8 +39,10 @@ class DecodePlan:
     positions: torch.Tensor  # [batch] int64
     write_slots: torch.Tensor  # [batch] int64: where each row's new K/V goes
     context_lens: torch.Tensor  # [batch] int64: 0 on a padded row
+    state_slots: torch.Tensor  # [batch] int64: each row's recurrent-state slot
     slot_rect: torch.Tensor  # [batch, width] int64: slot id of each position of each row
     sink_slot: int
+    sink_state_slot: int
 
     @property
     def num_rows(self) -> int:
@@ -56,6 +61,7 @@ def plan_decode(
     seqs: Sequence[DecodeSeq],
     *,
     sink_slot: int,
+    sink_state_slot: int = 0,
     table: SlotTable | None = None,
     device: torch.device | str | None = None,
 ) -> DecodePlan:
@@ -91,8 +97,10 @@ def plan_decode(
         positions=vector([s.position for s in seqs]),
         write_slots=vector(write_slots),
         context_lens=vector(context_lens),
+        state_slots=vector([s.state_slot for s in seqs]),
         slot_rect=rect,
         sink_slot=sink_slot,
+        sink_state_slot=sink_state_slot,
     )
 
 
@@ -125,27 +133,34 @@ def pad_decode(
         positions=padded(plan.positions, 0),
         write_slots=padded(plan.write_slots, plan.sink_slot),
         context_lens=padded(plan.context_lens, 0),
+        state_slots=padded(plan.state_slots, plan.sink_state_slot),
         slot_rect=rect,
         sink_slot=plan.sink_slot,
+        sink_state_slot=plan.sink_state_slot,
     )
 
 
-def padding_plan(num_rows: int, width: int, *, table: SlotTable) -> DecodePlan:
+def padding_plan(
+    num_rows: int, width: int, *, table: SlotTable, sink_state_slot: int = 0
+) -> DecodePlan:
     """A step over no sequences: every row padding, every write to the sink, every length 0.
 
     The rectangle is still a window on the real table, so a recording made over this plan
     reads the storage that real steps write through.
     """
-    return pad_decode(_no_rows(table.sink_slot, table.device), num_rows, width, table)
+    empty = _no_rows(table.sink_slot, sink_state_slot, table.device)
+    return pad_decode(empty, num_rows, width, table)
 
 
-def padding_decode(num_rows: int, sink_slot: int, device: torch.device) -> DecodePlan:
+def padding_decode(
+    num_rows: int, sink_slot: int, device: torch.device, sink_state_slot: int = 0
+) -> DecodePlan:
     """`num_rows` padding rows on no table, each of length 0 and writing the sink: the step a
     boot times, on a scratch pool whose only slot a request never reads."""
-    return pad_decode(_no_rows(sink_slot, device), num_rows, 1)
+    return pad_decode(_no_rows(sink_slot, sink_state_slot, device), num_rows, 1)
 
 
-def _no_rows(sink_slot: int, device: torch.device) -> DecodePlan:
+def _no_rows(sink_slot: int, sink_state_slot: int, device: torch.device) -> DecodePlan:
     def empty(*shape: int) -> torch.Tensor:
         return torch.empty(shape, dtype=torch.int64, device=device)
 
@@ -156,6 +171,8 @@ def _no_rows(sink_slot: int, device: torch.device) -> DecodePlan:
         positions=empty(0),
         write_slots=empty(0),
         context_lens=empty(0),
+        state_slots=empty(0),
         slot_rect=empty(0, 0),
         sink_slot=sink_slot,
+        sink_state_slot=sink_state_slot,
     )

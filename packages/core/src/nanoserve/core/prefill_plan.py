@@ -13,12 +13,14 @@ from nanoserve.core.errors import GeometryError
 
 @dataclass(frozen=True, slots=True)
 class PrefillChunk:
-    """token_ids are the sequence's positions start_pos .. start_pos + len - 1."""
+    """token_ids are the sequence's positions start_pos .. start_pos + len - 1; state_slot
+    holds its recurrent state (a model without recurrent layers ignores it)."""
 
     seq_id: int
     token_ids: tuple[int, ...]
     start_pos: int
     block_table: BlockTable
+    state_slot: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,7 +41,9 @@ class PrefillPlan:
     last_token_idx: torch.Tensor  # [chunks] int64: the flat index of each chunk's last token
     token_rows: torch.Tensor  # [tokens] int64: each token's chunk, its row of slot_rect
     token_context_lens: torch.Tensor  # [tokens] int64: slots each token sees, position + 1
+    state_slots: torch.Tensor  # [chunks] int64: each chunk's recurrent-state slot
     sink_slot: int
+    sink_state_slot: int
 
     @property
     def num_tokens(self) -> int:
@@ -50,6 +54,7 @@ def plan_prefill(
     chunks: Sequence[PrefillChunk],
     *,
     sink_slot: int,
+    sink_state_slot: int = 0,
     device: torch.device | str | None = None,
 ) -> PrefillPlan:
     if not chunks:
@@ -96,7 +101,9 @@ def plan_prefill(
         token_context_lens=torch.tensor(
             [p + 1 for p in positions], dtype=torch.int64, device=device
         ),
+        state_slots=torch.tensor([c.state_slot for c in chunks], dtype=torch.int64, device=device),
         sink_slot=sink_slot,
+        sink_state_slot=sink_state_slot,
     )
 
 
@@ -118,14 +125,18 @@ def last_tokens(plan: PrefillPlan) -> PrefillPlan:
         last_token_idx=torch.arange(chunks, dtype=torch.int64, device=rows.device),
         token_rows=plan.token_rows[rows],
         token_context_lens=plan.token_context_lens[rows],
+        state_slots=plan.state_slots,
         sink_slot=plan.sink_slot,
+        sink_state_slot=plan.sink_state_slot,
     )
 
 
-def padding_prefill(num_tokens: int, sink_slot: int, device: torch.device) -> PrefillPlan:
+def padding_prefill(
+    num_tokens: int, sink_slot: int, device: torch.device, sink_state_slot: int = 0
+) -> PrefillPlan:
     """One chunk of `num_tokens` tokens at positions 0.., every one writing and reading the
-    sink: a prompt's arithmetic (attention over its own positions included) on no real slot,
-    the chunk a boot times."""
+    sink (K/V and state): a prompt's arithmetic (attention over its own positions included) on
+    no real slot, the chunk a boot times."""
     positions = torch.arange(num_tokens, dtype=torch.int64, device=device)
     return PrefillPlan(
         seq_ids=(),
@@ -138,5 +149,7 @@ def padding_prefill(num_tokens: int, sink_slot: int, device: torch.device) -> Pr
         last_token_idx=torch.tensor([num_tokens - 1], dtype=torch.int64, device=device),
         token_rows=torch.zeros(num_tokens, dtype=torch.int64, device=device),
         token_context_lens=positions + 1,
+        state_slots=torch.tensor([sink_state_slot], dtype=torch.int64, device=device),
         sink_slot=sink_slot,
+        sink_state_slot=sink_state_slot,
     )

@@ -52,11 +52,17 @@ def check_warm_rows_empty(plan: DecodePlan) -> None:
 def check_warm_writes_sink(plan: DecodePlan) -> None:
     lens = plan.context_lens.tolist()
     writes = plan.write_slots.tolist()
+    states = plan.state_slots.tolist()
     for row in range(plan.num_rows):
         if writes[row] != plan.sink_slot or lens[row] != 0:
             raise WarmWriteNotSinkError(
                 f"warm row {row} writes slot {writes[row]} with context_len {lens[row]};"
                 f" it must write the sink {plan.sink_slot} with 0"
+            )
+        if states[row] != plan.sink_state_slot:
+            raise WarmWriteNotSinkError(
+                f"warm row {row} uses state slot {states[row]}; it must use the sink state"
+                f" slot {plan.sink_state_slot}"
             )
 
 
