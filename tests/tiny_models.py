@@ -89,6 +89,33 @@ TINY_ARCH_OVERRIDES: dict[str, dict[str, Any]] = {
     "smollm3": {"num_hidden_layers": 4, "pad_token_id": None},  # the fourth layer: no rotary
     # Phi-3-mini's window of 2047 scaled down, and Phi-4-mini's rotary of part of each head
     "phi3": {"pad_token_id": None, "sliding_window": 6, "partial_rotary_factor": 0.5},
+    # LFM2's hybrid: short convolutions (3 taps) on three of four layers, the last one among
+    # them; its MLP width adjusted as its config asks (2/3 of 128, up to a multiple of 32: 96)
+    "lfm2": {
+        "num_hidden_layers": 4,
+        "layer_types": ["conv", "full_attention", "conv", "conv"],
+        "norm_eps": 1e-5,
+        "block_multiple_of": 32,
+        "pad_token_id": None,
+    },
+    # Qwen3.5's hybrid: gated DeltaNet on three of four layers, the last among them (2 key
+    # heads serving 4 value heads of 16), gated attention with rotary on a quarter of each head
+    "qwen3_5": {
+        "num_hidden_layers": 4,
+        "layer_types": [
+            "linear_attention",
+            "full_attention",
+            "linear_attention",
+            "linear_attention",
+        ],
+        "head_dim": 16,
+        "linear_num_key_heads": 2,
+        "linear_num_value_heads": 4,
+        "linear_key_head_dim": 16,
+        "linear_value_head_dim": 16,
+        "linear_conv_kernel_dim": 4,
+        "pad_token_id": None,
+    },
 }
 
 
@@ -155,6 +182,8 @@ def make_tiny_model_dir(
         "gemma3": (transformers.Gemma3TextConfig, transformers.Gemma3ForCausalLM),
         "smollm3": (transformers.SmolLM3Config, transformers.SmolLM3ForCausalLM),
         "phi3": (transformers.Phi3Config, transformers.Phi3ForCausalLM),
+        "lfm2": (transformers.Lfm2Config, transformers.Lfm2ForCausalLM),
+        "qwen3_5": (transformers.Qwen3_5TextConfig, transformers.Qwen3_5ForCausalLM),
     }[arch]
     geometry = {**_TINY_GEOMETRY, **TINY_ARCH_OVERRIDES.get(arch, {})}
     config = config_cls(**{**geometry, "tie_word_embeddings": tie, **overrides})
@@ -227,12 +256,20 @@ def write_tiny_gguf(
     writer.add_block_count(config["num_hidden_layers"])
     writer.add_context_length(config["max_position_embeddings"])
     writer.add_embedding_length(config["hidden_size"])
-    writer.add_feed_forward_length(config["intermediate_size"])
+    lfm2 = arch_name == "lfm2"
+    if lfm2:  # as llama.cpp's LFM2 converter: the MLP width as built, no K/V heads on convs
+        from nanoserve.runtime.loading.recurrent_layers import lfm2_intermediate_size
+
+        writer.add_feed_forward_length(lfm2_intermediate_size(config, "config.json"))
+        writer.add_head_count_kv([0 if t == "conv" else kv_heads for t in config["layer_types"]])
+        writer.add_shortconv_l_cache(config["conv_L_cache"])
+    else:
+        writer.add_feed_forward_length(config["intermediate_size"])
+        writer.add_head_count_kv(kv_heads)
     writer.add_head_count(heads)
-    writer.add_head_count_kv(kv_heads)
     rope = config["rope_parameters"]
     writer.add_rope_freq_base(rope.get("full_attention", rope)["rope_theta"])
-    writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
+    writer.add_layer_norm_rms_eps(config["norm_eps"] if lfm2 else config["rms_norm_eps"])
     writer.add_rope_dimension_count(int(head_dim * rope.get("partial_rotary_factor", 1.0)))
     writer.add_key_length(head_dim)
     writer.add_value_length(head_dim)
@@ -277,12 +314,14 @@ def write_tiny_gguf(
             values = llamacpp_permute(values, kv_heads)
         elif arch_name == "gemma3" and name.endswith("norm.weight"):
             values = values + 1.0  # llama.cpp's Gemma converter stores 1 + w
+        elif lfm2 and "conv.conv" in name:
+            values = values.squeeze(1)  # llama.cpp's LFM2 converter: the taps as a matrix
         gguf_name = _gguf_name(name, arch_name)
         if gguf_name in raw_tensors:
             data, raw_type = raw_tensors.pop(gguf_name)
             writer.add_tensor(gguf_name, data, raw_dtype=raw_type)
-        # norms and biases stay F32
-        elif values.ndim == 1 or qtype == gguf.GGMLQuantizationType.F32:
+        # norms, biases and LFM2's taps (3 to a row, no block) stay F32
+        elif values.ndim == 1 or qtype == gguf.GGMLQuantizationType.F32 or values.shape[-1] < 32:
             writer.add_tensor(gguf_name, values)
         else:
             writer.add_tensor(gguf_name, gguf.quants.quantize(values, qtype), raw_dtype=qtype)
@@ -360,6 +399,12 @@ def _llama3_rope_factors(rope: Mapping[str, Any], head_dim: int) -> np.ndarray:
 
 
 def _gguf_name(hf_name: str, arch: str = "llama") -> str:
+    if arch == "lfm2":  # the gguf package's own table, from the names LFM2 stores
+        import gguf
+
+        stem, kind = hf_name.rsplit(".", 1)
+        table = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LFM2, 64)
+        return f"{table.get_name(stem)}.{kind}"
     if hf_name == "model.embed_tokens.weight":
         return "token_embd.weight"
     if hf_name == "model.norm.weight":

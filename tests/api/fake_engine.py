@@ -23,6 +23,7 @@ import torch
 
 from nanoserve.api.server.engine_client import EngineClient
 from nanoserve.core import KVPoolPlan
+from nanoserve.core.state_pool_plan import StatePoolPlan
 from nanoserve.runtime.decode.recordings import RecordingStats
 from nanoserve.runtime.decode.warmup import WarmupReport
 from nanoserve.runtime.engine.config.engine_config import EngineConfig
@@ -237,6 +238,8 @@ class FakeEngine:
             max_model_len=self.max_model_len,
             ready_seconds=0.25,
             pool=POOL,
+            state=StatePoolPlan(4, ()),
+            state_slots_in_use=0,
             blocks_in_use=0,
             kv_cache_usage=0.0,
             warm=self.warm,

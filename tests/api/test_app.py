@@ -14,6 +14,7 @@ from nanoserve.api.server.engine_client import EngineClient
 from nanoserve.api.server.settings import ServerSettings
 from nanoserve.api.server.state import ServerState
 from nanoserve.core import Shape
+from nanoserve.core.state_pool_plan import StatePoolPlan
 from nanoserve.core.warm_list import RecordingCost
 from nanoserve.runtime.decode.recordings import RecordingStats
 from nanoserve.runtime.decode.warmup import WarmEstimate, WarmPlan, WarmupCancelled, WarmupReport
@@ -88,9 +89,25 @@ async def test_health_when_ready() -> None:
         "prefill_budget": None,
         "ready_seconds": 0.25,
         "kv_pool": {**KV_POOL, "blocks_in_use": 3},
+        "state_pool": None,
         "warm": None,
         "capture": None,
         "speculation": None,
+    }
+
+
+async def test_health_shows_a_hybrids_state_pool() -> None:
+    state = StatePoolPlan(4, ((8, 2), (8, 2)))  # 4 slots + sink, two conv windows of 8x2 fp32
+    fields = {"state": state, "state_slots_in_use": 1}
+    async with fake_server(FakeEngine(status_fields=fields)) as (client, _):
+        body = (await client.get("/health")).json()
+    assert body["state_pool"] == {
+        "num_state_slots": 4,
+        "sink_state_slot": 4,
+        "state_bytes_per_slot": 128,
+        "state_total_bytes": 640,
+        "tensors": 2,
+        "state_slots_in_use": 1,
     }
 
 

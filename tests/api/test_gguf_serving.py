@@ -147,3 +147,39 @@ async def test_a_draft_model_is_served_and_changes_no_greedy_answer(tiny_mixed_g
     assert spec["proposer"].startswith("draft model mixed.gguf (gguf nanoserve/")
     assert "its K/V pool" in spec["proposer"]
     assert spec["accepted_tokens"] == spec["draft_tokens"] > 20
+
+
+async def test_an_lfm2_gguf_is_served_with_its_state_on_health(tmp_path: Path) -> None:
+    """The hybrid as llama.cpp's converter writes it (Q8_0 linears, F32 taps), served with the
+    server's defaults: /health shows its state slots beside the K/V pool, answers are the same
+    alone and batched, and every state slot comes back."""
+    from gguf import GGMLQuantizationType
+
+    from tests import tiny_models
+
+    model_dir = tiny_models.make_tiny_model_dir(tmp_path, arch="lfm2")
+    gguf = tiny_models.write_tiny_gguf(
+        model_dir, tmp_path / "lfm2.gguf", qtype=GGMLQuantizationType.Q8_0
+    )
+    async with fake_server(factory=build_async_engine, engine=served_config(gguf)) as (
+        client,
+        server,
+    ):
+        assert server.engine is not None, server.boot_error
+        health = (await client.get("/health")).json()
+        assert health["kernels"].startswith("gguf nanoserve/")
+        assert health["state_pool"] == {
+            "num_state_slots": 4,
+            "sink_state_slot": 4,
+            "state_bytes_per_slot": 3 * 64 * 2 * 4,  # three conv layers' [64, 2] windows
+            "state_total_bytes": 5 * 3 * 64 * 2 * 4,
+            "layers": 3,
+            "state_slots_in_use": 0,
+        }
+        assert health["kv_pool"]["num_layers"] == 1
+        prompts = ["hello world", "the quick brown fox", "def main():", "naïve café"]
+        alone = [(await complete(client, p))["choices"][0]["text"] for p in prompts]
+        together = await asyncio.gather(*(complete(client, p) for p in prompts))
+        assert [r["choices"][0]["text"] for r in together] == alone
+        assert async_engine(server).engine.scheduler.state_slots.num_used == 0
+        assert server.engine.status().blocks_in_use == 0

@@ -6,17 +6,20 @@ from __future__ import annotations
 import torch
 
 from nanoserve.core import BlockTable, PrefillChunk, plan_kv_pool, plan_prefill
+from nanoserve.core.state_pool_plan import StatePoolPlan
 from nanoserve.runtime.model.kv_pool import KVPool
 from nanoserve.runtime.model.llama import LlamaModel
+from nanoserve.runtime.model.state_pool import StatePool
 
 BLOCK = 4
 
 
-def fresh_pool(model: LlamaModel, max_blocks: int) -> KVPool:
-    """An empty pool of `max_blocks` blocks of BLOCK slots in the model's K/V dtype."""
+def fresh_pool(model: LlamaModel, max_blocks: int, state_slots: int = 1) -> KVPool:
+    """An empty pool of `max_blocks` blocks of BLOCK slots in the model's K/V dtype (its
+    attention layers'), and `state_slots` slots of its recurrent state (if any)."""
     cfg = model.config
     plan = plan_kv_pool(
-        num_layers=cfg.num_layers,
+        num_layers=len(cfg.attention_layers),
         num_kv_heads=cfg.num_kv_heads,
         head_dim=cfg.head_dim,
         dtype=model.kv_dtype,
@@ -24,7 +27,7 @@ def fresh_pool(model: LlamaModel, max_blocks: int) -> KVPool:
         budget_bytes=1 << 28,
         max_blocks=max_blocks,
     )
-    return KVPool(plan)
+    return KVPool(plan, states=StatePool(StatePoolPlan(state_slots, cfg.state_shapes)))
 
 
 def paged_logits(model: LlamaModel, ids: list[int], chunk: int | None = None) -> torch.Tensor:
@@ -37,7 +40,11 @@ def paged_logits(model: LlamaModel, ids: list[int], chunk: int | None = None) ->
     out = []
     for start in range(0, len(ids), chunk):
         piece = tuple(ids[start : start + chunk])
-        prefill = plan_prefill([PrefillChunk(0, piece, start, table)], sink_slot=plan.sink_slot)
+        prefill = plan_prefill(
+            [PrefillChunk(0, piece, start, table, state_slot=0)],
+            sink_slot=plan.sink_slot,
+            sink_state_slot=pool.sink_state_slot,
+        )
         rows = torch.arange(len(piece))
         out.append(model.forward(prefill, pool.view((0,)), logit_rows=rows))
     return torch.cat(out)

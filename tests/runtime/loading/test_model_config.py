@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from nanoserve.runtime.errors import ConfigError, UnsupportedModelError
+from nanoserve.runtime.loading.hf_config import config_to_hf
 from nanoserve.runtime.loading.model_config import ModelConfig
 from nanoserve.runtime.loading.rope import LinearRope, RopeScaling
 from nanoserve.runtime.model.rotary import rope_inv_freq
@@ -182,7 +183,7 @@ def test_constructor_validates_too() -> None:
 def test_to_hf_round_trips(scaling: dict[str, Any] | None) -> None:
     rope = {"rope_theta": 10000.0, **(scaling or {"rope_type": "default"})}
     config = ModelConfig.from_hf(_tiny_json(rope_parameters=rope, eos_token_id=[2, 0]))
-    assert ModelConfig.from_hf(config.to_hf()) == config
+    assert ModelConfig.from_hf(config_to_hf(config)) == config
 
 
 def test_default_inv_freq_matches_transformers() -> None:
@@ -256,33 +257,149 @@ def test_gemma3_text_config_reads_every_delta() -> None:
     assert torch.equal(
         rope_inv_freq(config), 1.0 / 1e6 ** (torch.arange(0, 16, 2).float() / 16) / 8
     )
-    assert ModelConfig.from_hf(config.to_hf()) == config
+    assert ModelConfig.from_hf(config_to_hf(config)) == config
 
 
 def test_qwen3_and_smollm3_deltas() -> None:
     qwen3 = ModelConfig.from_hf(_tiny_json(model_type="qwen3", head_dim=32))
     assert qwen3.qk_norm and not qwen3.attention_bias and qwen3.head_dim == 32
-    assert ModelConfig.from_hf(qwen3.to_hf()) == qwen3
+    assert ModelConfig.from_hf(config_to_hf(qwen3)) == qwen3
     smol = ModelConfig.from_hf(_tiny_json(model_type="smollm3", num_hidden_layers=8))
     assert smol.no_rope_layers == (3, 7)  # every fourth layer, transformers' default
     given = ModelConfig.from_hf(
         _tiny_json(model_type="smollm3", no_rope_layers=[1, 0], num_hidden_layers=2)
     )
     assert given.no_rope_layers == (1,)
-    assert ModelConfig.from_hf(smol.to_hf()) == smol
+    assert ModelConfig.from_hf(config_to_hf(smol)) == smol
 
 
 def test_phi3_reads_its_fused_projections_and_window() -> None:
     config = ModelConfig.from_hf(_tiny_json(model_type="phi3", sliding_window=64))
     assert config.fused_projections and config.hidden_act == "silu"
     assert (config.sliding_window, config.sliding_layers) == (64, (0, 1))
-    assert ModelConfig.from_hf(config.to_hf()) == config
+    assert ModelConfig.from_hf(config_to_hf(config)) == config
 
 
 def test_a_partial_rotary_turns_the_first_dims_of_each_head() -> None:
     config = ModelConfig.from_hf(_tiny_json(model_type="phi3", partial_rotary_factor=0.75))
     assert (config.head_dim, config.rotary_dim, config.rope_dim) == (16, 12, 12)
     assert rope_inv_freq(config).shape == (6,)
-    assert ModelConfig.from_hf(config.to_hf()) == config
+    assert ModelConfig.from_hf(config_to_hf(config)) == config
     with pytest.raises(ConfigError, match=r"partial_rotary_factor=1.5 must be in \(0, 1\]"):
         ModelConfig.from_hf(_tiny_json(model_type="phi3", partial_rotary_factor=1.5))
+
+
+def test_lfm2_reads_its_convolution_layers_and_mlp_width() -> None:
+    """LFM2-1.2B's config: conv layers named by the attention ones (`full_attn_idxs`, the older
+    form), `block_ff_dim` taken to 2/3, times its multiplier, up to a multiple of 256 (as its
+    modules build it), `norm_eps` and a tied embedding (`tie_embedding`)."""
+    raw = _tiny_json(
+        model_type="lfm2",
+        num_hidden_layers=6,
+        full_attn_idxs=[2, 5],
+        block_ff_dim=12288,
+        block_ffn_dim_multiplier=1.0,
+        block_multiple_of=256,
+        conv_L_cache=3,
+        norm_eps=1e-5,
+        tie_embedding=True,
+    )
+    del raw["intermediate_size"], raw["rms_norm_eps"], raw["tie_word_embeddings"]
+    config = ModelConfig.from_hf(raw)
+    assert config.short_conv is not None
+    assert (config.short_conv.layers, config.short_conv.kernel) == ((0, 1, 3, 4), 3)
+    assert config.attention_layers == (2, 5)
+    assert config.intermediate_size == 8192  # 12288 * 2/3, a multiple of 256 already
+    assert config.qk_norm and config.tie_word_embeddings and config.rms_norm_eps == 1e-5
+    assert config.state_shapes == ((64, 2),) * 4  # one [hidden, taps - 1] window a layer
+    assert config.rope_theta == 10000.0  # the file's; LFM2's default would be 1e6
+    assert ModelConfig.from_hf(config_to_hf(config)) == config
+
+
+def test_lfm2_layer_types_name_the_convolutions() -> None:
+    kinds = ["conv", "full_attention", "conv", "conv"]
+    config = ModelConfig.from_hf(
+        _tiny_json(model_type="lfm2", num_hidden_layers=4, layer_types=kinds, block_multiple_of=32)
+    )
+    assert config.short_conv is not None and config.short_conv.layers == (0, 2, 3)
+    assert config.intermediate_size == 96  # int(128 * 2/3) = 85, up to a multiple of 32
+
+
+@pytest.mark.parametrize(
+    ("changes", "error", "message"),
+    [
+        ({"layer_types": ["conv", "conv"]}, UnsupportedModelError, "all 2 layers are convolutions"),
+        ({"conv_L_cache": 1}, ConfigError, "conv_L_cache=1 must be an integer >= 2"),
+        ({"layer_types": ["conv", "mamba"]}, UnsupportedModelError, "layer type 'mamba'"),
+    ],
+)
+def test_lfm2_configs_that_cannot_run_are_named(
+    changes: dict[str, Any], error: type[Exception], message: str
+) -> None:
+    with pytest.raises(error, match=message):
+        ModelConfig.from_hf(_tiny_json(model_type="lfm2", **changes))
+
+
+QWEN3_5_TEXT: dict[str, Any] = {  # the shape of Qwen3.5-0.8B's text_config
+    "model_type": "qwen3_5_text",
+    "vocab_size": 248320,
+    "hidden_size": 1024,
+    "intermediate_size": 3584,
+    "num_hidden_layers": 24,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 2,
+    "head_dim": 256,
+    "layer_types": ["linear_attention"] * 3 + ["full_attention"],
+    "linear_conv_kernel_dim": 4,
+    "linear_key_head_dim": 128,
+    "linear_num_key_heads": 16,
+    "linear_num_value_heads": 16,
+    "linear_value_head_dim": 128,
+    "max_position_embeddings": 262144,
+    "rms_norm_eps": 1e-6,
+    "rope_parameters": {
+        "rope_type": "default",
+        "rope_theta": 10000000,
+        "partial_rotary_factor": 0.25,
+        "mrope_interleaved": True,
+        "mrope_section": [11, 11, 10],
+    },
+    "tie_word_embeddings": True,
+    "eos_token_id": 248044,
+}
+
+
+def test_qwen3_5_reads_its_linear_attention_layers_and_gated_attention() -> None:
+    """Its checkpoint with the vision tower: the text_config read, every fourth layer attends,
+    the rest run gated DeltaNet with a [16, 128, 128] state and a window over q, k and v."""
+    text = {**QWEN3_5_TEXT, "layer_types": QWEN3_5_TEXT["layer_types"] * 6}
+    config = ModelConfig.from_hf({"model_type": "qwen3_5", "text_config": text})
+    assert config.architecture == "qwen3_5"
+    assert config.attention_layers == (3, 7, 11, 15, 19, 23)
+    assert config.delta_net is not None and len(config.delta_net.layers) == 18
+    assert config.state_shapes[:2] == ((6144, 3), (16, 128, 128))  # 2 * 2048 + 2048 channels
+    assert (config.rotary_dim, config.rope_theta) == (64, 10_000_000.0)  # mrope as plain rope
+    assert config.attn_output_gate and config.qk_norm and config.norm_offset == 1.0
+    assert ModelConfig.from_hf(config_to_hf(config)) == config
+
+
+@pytest.mark.parametrize(
+    ("changes", "error", "message"),
+    [
+        ({"layer_types": ["linear_attention"] * 4}, UnsupportedModelError, "all 4 layers are"),
+        ({"linear_num_value_heads": 24}, ConfigError, "linear_num_value_heads=24 is not a mult"),
+        ({"linear_conv_kernel_dim": 1}, ConfigError, "kernel=1 is not a size"),
+        ({"layer_types": ["mamba"] * 4}, UnsupportedModelError, "layer type 'mamba'"),
+    ],
+)
+def test_qwen3_5_configs_that_cannot_run_are_named(
+    changes: dict[str, Any], error: type[Exception], message: str
+) -> None:
+    text = {**QWEN3_5_TEXT, "num_hidden_layers": 4, **changes}
+    with pytest.raises(error, match=message):
+        ModelConfig.from_hf(text)
+
+
+def test_qwen3_5_without_a_text_config_is_named() -> None:
+    with pytest.raises(ConfigError, match="model_type 'qwen3_5' without a text_config object"):
+        ModelConfig.from_hf({"model_type": "qwen3_5"})

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from nanoserve.runtime.errors import ConfigError
+from nanoserve.runtime.loading.hf_config import config_to_hf
 from nanoserve.runtime.loading.model_config import ModelConfig
 from nanoserve.runtime.loading.rope import LongRope
 from nanoserve.runtime.model.rotary import rope_attention_factor, rope_inv_freq
@@ -62,7 +63,7 @@ def test_the_served_context_picks_the_divisors_transformers_uses_past_it(
 def test_longrope_round_trips_and_is_checked() -> None:
     config = ModelConfig.from_hf(phi3())
     assert isinstance(config.rope_scaling, LongRope)
-    assert ModelConfig.from_hf(config.to_hf()) == config
+    assert ModelConfig.from_hf(config_to_hf(config)) == config
     bad = phi3(rope_parameters={**phi3()["rope_parameters"], "short_factor": SHORT[:3]})
     with pytest.raises(
         ConfigError, match="longrope short_factor must be 8 positive numbers, got 3"

@@ -24,7 +24,8 @@ from nanoserve.runtime.model.llama import LlamaModel
 from tests.runtime.capture_helpers import PROMPTS, run_joining_workload
 from tests.runtime.paged_logits import paged_logits, rel_error
 
-ARCHS = ["qwen3", "gemma3", "smollm3", "phi3"]
+ARCHS = ["qwen3", "gemma3", "smollm3", "phi3", "lfm2"]  # each from its GGUF form too
+HF_ONLY_ARCHS = ["qwen3_5"]  # a family whose GGUF form is not read yet
 PROMPT = [5, 17, 3, 99, 250, 31, 7, 7, 7, 120, 64, 8, 200, 2, 11, 13, 17, 19, 23, 29, 31, 37]
 
 
@@ -44,6 +45,15 @@ def reference_logits(arch_dir: Path) -> torch.Tensor:
     reference = transformers.AutoModelForCausalLM.from_pretrained(arch_dir).eval()
     with torch.no_grad():
         return reference(torch.tensor([PROMPT])).logits[0]  # [tokens, vocab]
+
+
+@pytest.fixture(scope="module", params=ARCHS + HF_ONLY_ARCHS)
+def any_arch_dir(
+    request: pytest.FixtureRequest,
+    tmp_path_factory: pytest.TempPathFactory,
+    make_tiny_model_dir: Callable[..., Path],
+) -> Path:
+    return make_tiny_model_dir(tmp_path_factory.mktemp(request.param), arch=request.param)
 
 
 def model_of(checkpoint: Checkpoint, quantize: str | None = None) -> LlamaModel:
@@ -135,21 +145,23 @@ def alone(model_dir: Path, quantize: str | None) -> dict[str, list[int]]:
 
 @pytest.mark.parametrize("quantize", [None, "q8"])
 def test_alone_batched_eager_bucketed_and_recorded_agree(
-    arch_dir: Path, quantize: str | None
+    any_arch_dir: Path, quantize: str | None
 ) -> None:
     """Requests join and leave mid-run while generations cross the window: a row's tokens are
     the same alone and batched, in every decode mode."""
-    eager = run_joining_workload(tiny_engine(arch_dir, quantize))
+    eager = run_joining_workload(tiny_engine(any_arch_dir, quantize))
     assert sum(len(t) for t in eager.values()) == 6 + 15 + 24 + 20 + 20
     for mode in ("bucketed", "recorded"):
-        assert run_joining_workload(tiny_engine(arch_dir, quantize, decode_mode=mode)) == eager
-    assert alone(arch_dir, quantize) == eager
+        recorded = run_joining_workload(tiny_engine(any_arch_dir, quantize, decode_mode=mode))
+        assert recorded == eager
+    assert alone(any_arch_dir, quantize) == eager
 
 
-def test_the_warm_list_traces_clean_as_cuda(arch_dir: Path) -> None:
-    """Mixed layers (windows, two rotary bases, rotary-free layers, head norms) bring no host
-    tensor and no value-dependent shape into the recorded step."""
-    config = load_checkpoint(arch_dir).config
+def test_the_warm_list_traces_clean_as_cuda(any_arch_dir: Path) -> None:
+    """Mixed layers (windows, two rotary bases, rotary-free layers, head norms, a hybrid's
+    state reads and writes) bring no host tensor and no value-dependent shape into the
+    recorded step."""
+    config = load_checkpoint(any_arch_dir).config
     shapes = (Shape(1, 8), Shape(4, 64), Shape(8, 128))
     trace = trace_recorded_steps(config, shapes, max_batch=8, max_model_len=256)
     assert trace.shapes == shapes

@@ -158,6 +158,7 @@ def test_a_decoding_row_is_never_left_out_by_an_earlier_prompt(make_seq) -> None
     drive(s)
     s.running.insert(0, long)  # as if admitted before it
     long.status = Status.RUNNING
+    long.state_slot = s.state_slots.take(long.seq_id)
     out = s.schedule()
     assert shape(out) == [(long.seq_id, 7), (short.seq_id, 1)]
 
@@ -224,6 +225,32 @@ def test_preemption_takes_the_most_recently_admitted(make_seq) -> None:
     assert c.output_ids == [TOKEN, TOKEN]  # kept: recomputed, not resampled
     assert s.running == [a, b]
     s.blocks.check()
+
+
+def test_a_running_sequence_holds_a_state_slot_until_preempted_or_finished(make_seq) -> None:
+    """Admission takes a state slot, which each of the sequence's rows carries; preemption
+    gives it back (the state is recomputed with the K/V), and so does the end."""
+    s = scheduler(num_blocks=4)
+    a, b, c, d = (make_seq(3, max_tokens=6) for _ in range(4))
+    s.add([a, b, c, d])
+    out = drive(s)
+    assert [a.state_slot, b.state_slot, c.state_slot, d.state_slot] == [0, 1, 2, None]
+    assert [item.chunk.state_slot for item in out.scheduled] == [0, 1, 2]
+    drive(s)
+    out = drive(s)  # c is preempted (as above)
+    assert out.preempted == (c.seq_id,) and c.state_slot is None
+    assert s.state_slots.num_used == 2
+    s.finish(a)
+    assert a.state_slot is None and s.state_slots.slot_of(a.seq_id) is None
+    assert (s.state_slots.num_used, s.state_slots.num_free) == (1, 7)
+
+
+def test_fewer_state_slots_than_rows_is_refused() -> None:
+    from nanoserve.core.errors import GeometryError
+    from nanoserve.core.state_slots import StateSlots
+
+    with pytest.raises(GeometryError, match="3 state slots cannot run max_batch 8"):
+        scheduler(state_slots=StateSlots(3))
 
 
 def test_preemption_of_the_scheduled_sequence_itself(make_seq) -> None:

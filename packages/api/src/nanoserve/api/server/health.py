@@ -39,6 +39,8 @@ class Health(Struct, kw_only=True):
     prefill_budget: dict[str, Any] | None
     ready_seconds: float | None
     kv_pool: dict[str, Any]  # the pool plan, and the blocks held now
+    # A hybrid's recurrent state: slots, bytes, and the slots held now (None: it keeps none)
+    state_pool: dict[str, Any] | None
     warm: dict[str, Any] | None  # the warm-up's report; None: none ran
     capture: dict[str, Any] | None  # the recordings' counters; None: nothing is recorded
     speculation: dict[str, Any] | None = None  # its counters and measured costs; None: off
@@ -60,6 +62,13 @@ class Health(Struct, kw_only=True):
             prefill_budget=status.prefill_budget.as_dict() if status.prefill_budget else None,
             ready_seconds=status.ready_seconds,
             kv_pool={**status.pool.as_dict(), "blocks_in_use": status.blocks_in_use},
+            state_pool={
+                **status.state.as_dict(),
+                "tensors": len(status.state.tensors),
+                "state_slots_in_use": status.state_slots_in_use,
+            }
+            if status.state.tensors
+            else None,
             warm=status.warm.as_dict() if status.warm is not None else None,
             capture=status.recordings.as_dict() if status.recordings is not None else None,
             speculation=status.speculation.as_dict() if status.speculation is not None else None,

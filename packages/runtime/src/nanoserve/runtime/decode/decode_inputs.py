@@ -4,10 +4,10 @@ A step's addressing is known on the host (positions, block tables and the last s
 all live in Python), so it is written there, into a staging vector that is pinned on CUDA, and
 moved with one non-blocking copy into its device twin:
 
-    [ input_ids | positions | write_slots | context_lens | table index x k | slot id x k ]
-      \\______________ 4 x max_batch ______________/      \\___ the k new table entries ___/
+    [ input_ids | positions | write_slots | context_lens | state_slots | index x k | slot x k ]
+      \\________________________ 5 x max_batch ________________________/   \\_ k new entries _/
 
-The device twin's first 4 x max_batch entries *are* the persistent DecodeBuffers (views), so the
+The device twin's first 5 x max_batch entries *are* the persistent DecodeBuffers (views), so the
 copy lands the plan where every recording reads it; the new slot-table entries (one per row per
 step, a whole row when a sequence takes a row) are scattered into the table on the device.
 Nothing in a step builds a device tensor from Python data, and nothing reads one back.
@@ -22,7 +22,7 @@ import torch
 from nanoserve.core import DecodeBuffers, DecodePlan, DecodeSeq, Shape, SlotTable
 from nanoserve.core.errors import GeometryError
 
-NUM_VECTORS = 4  # input_ids, positions, write_slots, context_lens: DecodeBuffers' order
+NUM_VECTORS = 5  # input_ids, positions, write_slots, context_lens, state_slots (DecodeBuffers)
 
 
 class DecodeInputs:
@@ -36,9 +36,11 @@ class DecodeInputs:
         device: torch.device,
         *,
         capacity: int | None = None,
+        sink_state_slot: int = 0,
     ) -> None:
         self.max_batch = max_batch
         self.sink_slot = sink_slot
+        self.sink_state_slot = sink_state_slot
         self.device = device
         self.table = SlotTable(max_batch, max_model_len, sink_slot, device)
         # New table entries one copy carries; a step with more (several long prompts joining
@@ -77,6 +79,8 @@ class DecodeInputs:
             + [self.sink_slot] * pad
             + [s.position + 1 for s in seqs]
             + [0] * pad
+            + [s.state_slot for s in seqs]
+            + [self.sink_state_slot] * pad
         )
         index: list[int] = []
         slots: list[int] = []
@@ -98,6 +102,7 @@ class DecodeInputs:
             pad_rows=shape.rows - real,
             slot_rect=self.table.read(seq_ids, shape.rows - real, shape.width),
             sink_slot=self.sink_slot,
+            sink_state_slot=self.sink_state_slot,
             **views,
         )
 
@@ -108,6 +113,7 @@ class DecodeInputs:
             ("positions", b.positions),
             ("write_slots", b.write_slots),
             ("context_lens", b.context_lens),
+            ("state_slots", b.state_slots),
         )
 
     def _move(self, staged: list[int], index: list[int], slots: list[int]) -> None:

@@ -181,7 +181,9 @@ class WarmupReport:
 
 def warm_batch(recordings: DecodeRecordings, pool: KVPool, shape: Shape) -> WarmBatch:
     """The all-padding plan for shape, written into the recordings' real buffers, over no rows."""
-    plan = padding_plan(shape.rows, shape.width, table=recordings.table)
+    plan = padding_plan(
+        shape.rows, shape.width, table=recordings.table, sink_state_slot=pool.sink_state_slot
+    )
     plan = recordings.buffers.load(plan)  # made-up tokens: id 0 at position 0, masked anyway
     return WarmBatch(plan, pool.empty_rows())
 

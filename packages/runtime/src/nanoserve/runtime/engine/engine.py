@@ -18,6 +18,8 @@ from typing import Any
 import torch
 
 from nanoserve.core import BlockTable, plan_kv_pool
+from nanoserve.core.state_pool_plan import StatePoolPlan
+from nanoserve.core.state_slots import StateSlots
 from nanoserve.runtime.decode.recordings import Backend
 from nanoserve.runtime.decode.warmup import Clock, WarmEstimate, WarmPlan, WarmupReport
 from nanoserve.runtime.engine.config.engine_config import EngineConfig, ResolvedConfig
@@ -38,6 +40,7 @@ from nanoserve.runtime.kernels.cpu_features import cpu_features
 from nanoserve.runtime.model.kv_pool import KVPool
 from nanoserve.runtime.model.llama import LlamaModel
 from nanoserve.runtime.model.memory import keep_freed_memory
+from nanoserve.runtime.model.state_pool import StatePool
 from nanoserve.runtime.structured.grammar_compiler import GrammarCompiler
 from nanoserve.runtime.structured.grammar_spec import GrammarSpec
 from nanoserve.runtime.structured.token_masks import TokenMasks
@@ -68,21 +71,27 @@ class Engine:
         self.boot_started = boot_started
         self.ready_seconds: float | None = None
         cfg = model.config
+        # A hybrid's recurrent state: one slot per running sequence, plus the sink. Its bytes
+        # come out of the K/V budget first.
+        self.state_plan = StatePoolPlan(config.max_batch, cfg.state_shapes)
         self.pool_plan = plan_kv_pool(
-            num_layers=cfg.num_layers,
+            num_layers=len(cfg.attention_layers),
             num_kv_heads=cfg.num_kv_heads,
             head_dim=cfg.head_dim,
             dtype=model.kv_dtype,
             block_size=config.block_size,
-            budget_bytes=config.kv_budget_bytes,
+            budget_bytes=config.kv_budget_bytes - self.state_plan.total_bytes,
         )
         if model.device.type == "cpu":
             keep_freed_memory()
-        self.pool = KVPool(self.pool_plan, model.device)
+        self.pool = KVPool(self.pool_plan, model.device, StatePool(self.state_plan, model.device))
+        # A prefix hit must restore the state at the prefix's end; until states are saved
+        # there (checkpoints), a model with state caches no prefixes.
+        self.prefix_caching = config.enable_prefix_cache and not cfg.state_shapes
         self.blocks = BlockManager(
             self.pool_plan.num_blocks,
             config.block_size,
-            enable_prefix_cache=config.enable_prefix_cache,
+            enable_prefix_cache=self.prefix_caching,
         )
         self.step_timings = step_timings(model, config)  # "auto" on a CPU: timed or remembered
         budget = self.prefill_budget = resolve_prefill_budget(config, self.step_timings)
@@ -94,6 +103,7 @@ class Engine:
             max_waiting=config.max_waiting,
             prefill_budget=self.prefill_budget,
             drafter=self.speculator.drafts if self.speculator is not None else None,
+            state_slots=StateSlots(self.state_plan.num_slots),
         )
         self.runner = ModelRunner(model, self.pool, config, backend)
         self.eos_token_ids = frozenset(cfg.eos_token_ids) | frozenset(tokenizer.eos_token_ids)
@@ -381,6 +391,8 @@ class Engine:
             max_model_len=config.max_model_len,
             ready_seconds=self.ready_seconds,
             pool=self.pool_plan,
+            state=self.state_plan,
+            state_slots_in_use=self.scheduler.state_slots.num_used,
             blocks_in_use=self.blocks.num_in_use,
             kv_cache_usage=self.blocks.usage(),
             warm=self.warm_report,

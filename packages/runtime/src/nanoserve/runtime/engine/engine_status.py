@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from nanoserve.core import KVPoolPlan, PrefillBudget
+from nanoserve.core.state_pool_plan import StatePoolPlan
 from nanoserve.runtime.decode.recordings import RecordingStats
 from nanoserve.runtime.decode.warmup import WarmupReport
 from nanoserve.runtime.engine.speculation.speculator import SpecCounts
@@ -43,6 +44,8 @@ class EngineStatus:
     max_model_len: int
     ready_seconds: float | None  # the boot, load to first forward; None if built another way
     pool: KVPoolPlan
+    state: StatePoolPlan  # a hybrid's recurrent state (a plan of no tensors: none)
+    state_slots_in_use: int
     blocks_in_use: int
     kv_cache_usage: float  # blocks held by sequences / blocks, 0..1
     warm: WarmupReport | None  # None: no warm-up ran (eager, or lazily recorded)

@@ -20,6 +20,7 @@ from nanoserve.runtime.errors import WeightsError
 from nanoserve.runtime.loading.gguf_blocks import GgufBlocks
 from nanoserve.runtime.loading.hf_dir import HfDir
 from nanoserve.runtime.loading.model_config import ModelConfig
+from nanoserve.runtime.loading.recurrent_layers import DeltaNetLayers, ShortConvLayers
 from nanoserve.runtime.text.tokenizer import Tokenizer
 
 if TYPE_CHECKING:  # gguf_file imports gguf, which a GPU machine without an index may lack
@@ -61,6 +62,12 @@ class Checkpoint:
         for name, tensor in self.sources():
             assert isinstance(tensor, torch.Tensor)  # no block type was kept
             yield name, tensor
+
+    @property
+    def skipped(self) -> Mapping[str, int]:
+        """Parts of the checkpoint not loaded (Qwen3.5's vision tower): part -> tensor count."""
+        skipped: Mapping[str, int] = getattr(self.source, "skipped", {})
+        return skipped
 
     def linear_types(self) -> frozenset[str]:
         """The stored types of the layers' linear weights ("Q4_1", ...): a GGUF's; a Hugging
@@ -117,26 +124,35 @@ def expected_tensor_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
     """Hugging Face tensor names -> shapes for `config`, in load order."""
     hidden, inter = config.hidden_size, config.intermediate_size
     shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (config.vocab_size, hidden)}
+    conv, delta = config.short_conv, config.delta_net
+    # Qwen3.5's query projection is twice as wide: each head's query, then its output gate.
+    q_rows = 2 * config.q_size if config.attn_output_gate else config.q_size
     for i in range(config.num_layers):
         attn, mlp = f"model.layers.{i}.self_attn", f"model.layers.{i}.mlp"
-        if config.fused_projections:
+        if conv is not None and i in conv.layers:  # LFM2's gated short convolution
+            shapes.update(short_conv_shapes(f"model.layers.{i}.conv", hidden, conv))
+        elif delta is not None and i in delta.layers:  # Qwen3.5's gated DeltaNet
+            shapes.update(delta_net_shapes(f"model.layers.{i}.linear_attn", hidden, delta))
+        elif config.fused_projections:
             shapes[f"{attn}.qkv_proj.weight"] = (config.q_size + 2 * config.kv_size, hidden)
         else:
-            shapes[f"{attn}.q_proj.weight"] = (config.q_size, hidden)
+            shapes[f"{attn}.q_proj.weight"] = (q_rows, hidden)
             shapes[f"{attn}.k_proj.weight"] = (config.kv_size, hidden)
             shapes[f"{attn}.v_proj.weight"] = (config.kv_size, hidden)
-        if config.attention_bias:
+        attends = i in config.attention_layers
+        if config.attention_bias and attends:
             shapes[f"{attn}.q_proj.bias"] = (config.q_size,)
             shapes[f"{attn}.k_proj.bias"] = (config.kv_size,)
             shapes[f"{attn}.v_proj.bias"] = (config.kv_size,)
-        shapes[f"{attn}.o_proj.weight"] = (hidden, config.q_size)
+        if attends:
+            shapes[f"{attn}.o_proj.weight"] = (hidden, config.q_size)
         if config.fused_projections:
             shapes[f"{mlp}.gate_up_proj.weight"] = (2 * inter, hidden)
         else:
             shapes[f"{mlp}.gate_proj.weight"] = (inter, hidden)
             shapes[f"{mlp}.up_proj.weight"] = (inter, hidden)
         shapes[f"{mlp}.down_proj.weight"] = (hidden, inter)
-        if config.qk_norm:  # one RMSNorm weight per head dimension, shared by the heads
+        if config.qk_norm and attends:  # one RMSNorm weight per head dimension, shared by heads
             shapes[f"{attn}.q_norm.weight"] = (config.head_dim,)
             shapes[f"{attn}.k_norm.weight"] = (config.head_dim,)
         for norm in layer_norm_names(config):
@@ -145,6 +161,40 @@ def expected_tensor_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
     if not config.tie_word_embeddings:
         shapes["lm_head.weight"] = (config.vocab_size, hidden)
     return shapes
+
+
+def short_conv_shapes(
+    prefix: str, hidden: int, conv: ShortConvLayers
+) -> dict[str, tuple[int, ...]]:
+    """An LFM2 convolution layer's tensors: the projection to B, C and x, the depthwise kernel
+    (Conv1d's [channels, 1, taps]), the output projection; with `conv_bias`, their biases."""
+    shapes: dict[str, tuple[int, ...]] = {
+        f"{prefix}.in_proj.weight": (3 * hidden, hidden),
+        f"{prefix}.conv.weight": (hidden, 1, conv.kernel),
+        f"{prefix}.out_proj.weight": (hidden, hidden),
+    }
+    if conv.bias:
+        shapes[f"{prefix}.in_proj.bias"] = (3 * hidden,)
+        shapes[f"{prefix}.conv.bias"] = (hidden,)
+        shapes[f"{prefix}.out_proj.bias"] = (hidden,)
+    return shapes
+
+
+def delta_net_shapes(prefix: str, hidden: int, delta: DeltaNetLayers) -> dict[str, tuple[int, ...]]:
+    """A gated DeltaNet layer's tensors: the projections to q/k/v, to the output gate z, to beta
+    and to the decay (a, with its bias dt_bias and rate A_log per value head), the depthwise
+    kernel over q/k/v, the norm of a value head's output, and the output projection."""
+    return {
+        f"{prefix}.in_proj_qkv.weight": (delta.conv_size, hidden),
+        f"{prefix}.in_proj_z.weight": (delta.value_size, hidden),
+        f"{prefix}.in_proj_b.weight": (delta.v_heads, hidden),
+        f"{prefix}.in_proj_a.weight": (delta.v_heads, hidden),
+        f"{prefix}.conv1d.weight": (delta.conv_size, 1, delta.kernel),
+        f"{prefix}.dt_bias": (delta.v_heads,),
+        f"{prefix}.A_log": (delta.v_heads,),
+        f"{prefix}.norm.weight": (delta.v_dim,),
+        f"{prefix}.out_proj.weight": (hidden, delta.value_size),
+    }
 
 
 def layer_norm_names(config: ModelConfig) -> tuple[str, ...]:

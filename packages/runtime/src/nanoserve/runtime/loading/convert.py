@@ -26,6 +26,8 @@ import torch
 
 from nanoserve.runtime.errors import WeightsError
 from nanoserve.runtime.loading.checkpoint import Checkpoint, load_checkpoint
+from nanoserve.runtime.loading.hf_config import config_to_hf
+from nanoserve.runtime.loading.hf_names import family_name
 
 # Bump when convert_gguf's output changes: cached conversions from older versions are then ignored.
 CONVERTER_VERSION = 1
@@ -38,12 +40,12 @@ def convert_gguf(gguf_path: str | os.PathLike[str], out_dir: str | os.PathLike[s
     checkpoint = load_checkpoint(gguf_path)
     if checkpoint.format != "gguf":
         raise WeightsError(gguf_path, "is not a .gguf file")
-    config = checkpoint.config.to_hf()  # first: a config with no config.json form is refused
+    config = config_to_hf(checkpoint.config)  # first: a config with no config.json form is refused
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    _write_safetensors(
-        out / "model.safetensors", checkpoint.tensor_shapes(), _hf_values(checkpoint)
-    )
+    arch = checkpoint.config.architecture
+    shapes = {family_name(arch, name): shape for name, shape in checkpoint.tensor_shapes().items()}
+    _write_safetensors(out / "model.safetensors", shapes, _hf_values(checkpoint))
     _write_json(out / "config.json", config)
     (out / "tokenizer.json").write_text(checkpoint.tokenizer.to_json(), encoding="utf-8")
     _write_json(out / "tokenizer_config.json", _tokenizer_config(checkpoint))
@@ -54,9 +56,11 @@ def convert_gguf(gguf_path: str | os.PathLike[str], out_dir: str | os.PathLike[s
 def _hf_values(checkpoint: Checkpoint) -> Iterable[tuple[str, torch.Tensor]]:
     """The tensors as transformers reads them: Gemma 3's GGUF norms hold 1 + w (llama.cpp's
     converter added the 1); a config.json of gemma3_text implies it, so w is written."""
-    shift = checkpoint.config.architecture == "gemma3" and checkpoint.config.norm_offset == 0.0
+    arch = checkpoint.config.architecture
+    shift = arch == "gemma3" and checkpoint.config.norm_offset == 0.0
     for name, tensor in checkpoint.tensors():
-        yield name, tensor - 1.0 if shift and name.endswith("norm.weight") else tensor
+        value = tensor - 1.0 if shift and name.endswith("norm.weight") else tensor
+        yield family_name(arch, name), value  # LFM2's own names (hf_names.py)
 
 
 def cached_conversion(

@@ -8,7 +8,10 @@ Three things differ from a Hugging Face checkpoint and are undone here, tensor b
   (per head, the two rotary halves interleaved) for its rotary kernel. Qwen2, Qwen3 and Gemma 3
   are converted without it.
 
-Gemma 3's converter also adds the 1 of its `(1 + w)` norms into the stored weights, so a GGUF's
+LFM2's converter stores its convolution taps as a [channels, taps] matrix (read back as Conv1d's
+[channels, 1, taps]) and says which layers convolve by giving them no K/V heads
+(`head_count_kv` per layer, 0 there). Gemma 3's converter also adds the 1 of its `(1 + w)` norms
+into the stored weights, so a GGUF's
 config says `norm_offset=0`; and llama.cpp fixes what the file does not store (the sliding
 layers' rotary base 10000, every sixth layer global, SmolLM3's rotary-free fourth layers) as
 its loader does.
@@ -42,6 +45,7 @@ from nanoserve.runtime.loading.gguf_blocks import GgufBlocks
 from nanoserve.runtime.loading.gguf_reader import GgufReader, TensorInfo
 from nanoserve.runtime.loading.gguf_types import DEQUANTIZED_HERE, GGML_TYPES, GgmlType
 from nanoserve.runtime.loading.model_config import Architecture, ModelConfig
+from nanoserve.runtime.loading.recurrent_layers import ShortConvLayers
 from nanoserve.runtime.loading.rope import FreqFactors, LinearRope, LongRope
 from nanoserve.runtime.text.family_templates import family_template
 from nanoserve.runtime.text.tokenizer import Tokenizer
@@ -59,6 +63,7 @@ _ARCHITECTURES: tuple[Architecture, ...] = (
     "gemma3",
     "smollm3",
     "phi3",
+    "lfm2",
 )
 _PERMUTED: tuple[Architecture, ...] = ("llama", "smollm3")  # Q/K rows interleaved per head
 _GLOBAL_NAMES = {
@@ -66,6 +71,7 @@ _GLOBAL_NAMES = {
     "output_norm": "model.norm",
     "output": "lm_head",
 }
+_LFM2_GLOBAL_NAMES = _GLOBAL_NAMES | {"token_embd_norm": "model.norm"}  # its final norm
 _LAYER_NAMES = {
     "attn_q": "self_attn.q_proj",
     "attn_k": "self_attn.k_proj",
@@ -90,14 +96,24 @@ _PHI3_LAYER_NAMES = _LAYER_NAMES | {
     "attn_qkv": "self_attn.qkv_proj",
     "ffn_up": "mlp.gate_up_proj",
 }
-_LAYER_NAMES_BY_ARCH = {"gemma3": _GEMMA3_LAYER_NAMES, "phi3": _PHI3_LAYER_NAMES}
+# LFM2's short convolutions (the taps stored as a [channels, taps] matrix).
+_LFM2_LAYER_NAMES = _LAYER_NAMES | {
+    "shortconv.in_proj": "conv.in_proj",
+    "shortconv.conv": "conv.conv",
+    "shortconv.out_proj": "conv.out_proj",
+}
+_LAYER_NAMES_BY_ARCH = {
+    "gemma3": _GEMMA3_LAYER_NAMES,
+    "phi3": _PHI3_LAYER_NAMES,
+    "lfm2": _LFM2_LAYER_NAMES,
+}
 _ROPE_TENSORS = frozenset(
     {"rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight"}
 )
 _GEMMA3_SLIDING_PATTERN = 6  # llama.cpp's: five sliding layers, then one global
 _GEMMA3_LOCAL_ROPE_THETA = 10000.0
 _SMOLLM3_NO_ROPE_INTERVAL = 4  # llama.cpp's: every fourth layer without rotary
-_LAYER_TENSOR = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
+_LAYER_TENSOR = re.compile(r"blk\.(\d+)\.([\w.]+)\.(weight|bias)")
 
 
 def hf_tensor_name(gguf_name: str, arch: str = "llama") -> str | None:
@@ -107,7 +123,8 @@ def hf_tensor_name(gguf_name: str, arch: str = "llama") -> str | None:
         names = _LAYER_NAMES_BY_ARCH.get(arch, _LAYER_NAMES)
         return f"model.layers.{layer}.{names[part]}.{kind}" if part in names else None
     stem, _, kind = gguf_name.rpartition(".")
-    return f"{_GLOBAL_NAMES[stem]}.{kind}" if stem in _GLOBAL_NAMES else None
+    names = _LFM2_GLOBAL_NAMES if arch == "lfm2" else _GLOBAL_NAMES
+    return f"{names[stem]}.{kind}" if stem in names else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,7 +176,7 @@ class GgufFile:
         )
 
     def tensor_shapes(self) -> dict[str, tuple[int, ...]]:
-        return {name: t.shape for name, t in self.tensors.items()}
+        return {name: _hf_shape(name, t.shape) for name, t in self.tensors.items()}
 
     def tensor_type(self, name: str) -> GgmlType:
         return GGML_TYPES[self.tensors[name].type_id]
@@ -173,7 +190,7 @@ class GgufFile:
         for name in names:
             info = self.tensors[name]
             kind = GGML_TYPES[info.type_id].name
-            shape = info.shape
+            shape = _hf_shape(name, info.shape)
             if kind in keep_blocks and len(shape) == 2:
                 order = self._row_order(name, shape[0])
                 rows = self.reader.tensor_rows(info)
@@ -206,6 +223,12 @@ class GgufFile:
             return None
         order = _unpermute_llama_rows(name, torch.arange(rows), self.config)
         return None if order is None or torch.equal(order, torch.arange(rows)) else order
+
+
+def _hf_shape(name: str, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """A tensor's shape in Hugging Face layout: LFM2's taps as Conv1d holds them, [channels,
+    1, taps] (llama.cpp stores [channels, taps])."""
+    return (shape[0], 1, shape[1]) if name.endswith(".conv.conv.weight") else shape
 
 
 def _unpermute_llama_rows(name: str, tensor: torch.Tensor, config: ModelConfig) -> torch.Tensor:
@@ -246,7 +269,11 @@ def _config(
     hidden_size = int(key("embedding_length"))
     num_heads = int(key("attention.head_count"))
     num_kv_heads = key("attention.head_count_kv", num_heads)
+    short_conv = None
     if isinstance(num_kv_heads, list):  # some files list it per layer
+        if arch == "lfm2":  # none on a convolution layer
+            short_conv = _lfm2_short_conv(num_kv_heads, int(key("shortconv.l_cache")), gguf_names)
+            num_kv_heads = [n for n in num_kv_heads if n]
         if len(set(num_kv_heads)) != 1:
             raise UnsupportedModelError(path, f"per-layer head_count_kv {num_kv_heads} differs")
         num_kv_heads = num_kv_heads[0]
@@ -284,7 +311,7 @@ def _config(
             eos_token_ids=tokenizer.eos_token_ids,
             bos_token_id=tokenizer.bos_token_id,
             hidden_act="gelu_tanh" if gemma else "silu",
-            qk_norm=arch in ("qwen3", "gemma3"),
+            qk_norm=arch in ("qwen3", "gemma3", "lfm2"),
             sandwich_norm=gemma,
             embedding_multiplier=float(hidden_size) ** 0.5 if gemma else 1.0,
             # llama.cpp scales Gemma 3's queries by 1/sqrt(head_dim) (query_pre_attn_scalar is
@@ -302,9 +329,17 @@ def _config(
             if window is not None
             else (),
             sliding_rope_theta=_GEMMA3_LOCAL_ROPE_THETA if gemma else None,
+            short_conv=short_conv,
         )
     except ConfigError as error:  # re-raised naming the file rather than the class
         raise ConfigError(path, error.problem) from None
+
+
+def _lfm2_short_conv(kv_heads: list[int], taps: int, gguf_names: frozenset[str]) -> ShortConvLayers:
+    """LFM2's convolution layers: those llama.cpp gives no K/V heads."""
+    layers = tuple(i for i, n in enumerate(kv_heads) if n == 0)
+    bias = bool(layers) and f"blk.{layers[0]}.shortconv.conv.bias" in gguf_names
+    return ShortConvLayers(layers=layers, kernel=taps, bias=bias)
 
 
 def _rope_scaling(reader: GgufReader, arch: str, path: Path) -> FreqFactors | LongRope | None:

@@ -25,6 +25,7 @@ from nanoserve.runtime.errors import (
     TokenizerError,
     WeightsError,
 )
+from nanoserve.runtime.loading.hf_names import canonical_name, skipped_part
 from nanoserve.runtime.loading.model_config import ModelConfig
 from nanoserve.runtime.text.tokenizer import Tokenizer
 
@@ -40,6 +41,10 @@ class HfDir:
     chat_template: str | None
     shard_of: Mapping[str, Path] = field(repr=False)  # tensor name -> the file holding it
     shapes: Mapping[str, tuple[int, ...]] = field(repr=False)  # from the file headers
+    # The loader's name -> the file's, where the family names it otherwise (hf_names.py).
+    stored_names: Mapping[str, str] = field(repr=False, default_factory=dict)
+    # Parts of the checkpoint not loaded (Qwen3.5's vision tower): part -> its tensor count.
+    skipped: Mapping[str, int] = field(default_factory=dict)
 
     @classmethod
     def open(cls, path: Path) -> HfDir:
@@ -61,13 +66,23 @@ class HfDir:
                 tokenizer.backend, eos_token_ids=(eos,), bos_token_id=config.bos_token_id
             )
         shard_of, shapes = _read_headers(path)
+        arch = config.architecture
+        skipped: dict[str, int] = {}
+        for name in shapes:
+            if (part := skipped_part(arch, name)) is not None:
+                skipped[part] = skipped.get(part, 0) + 1
+        stored = {
+            canonical_name(arch, name): name for name in shapes if skipped_part(arch, name) is None
+        }
         return cls(
             path=path,
             config=config,
             tokenizer=tokenizer,
             chat_template=_chat_template(path, tokenizer_config),
-            shard_of=shard_of,
-            shapes=shapes,
+            shard_of={known: shard_of[name] for known, name in stored.items()},
+            shapes={known: shapes[name] for known, name in stored.items()},
+            stored_names={known: name for known, name in stored.items() if known != name},
+            skipped=skipped,
         )
 
     def tensor_shapes(self) -> Mapping[str, tuple[int, ...]]:
@@ -85,7 +100,7 @@ class HfDir:
                 if shard not in handles:
                     handles[shard] = stack.enter_context(_open(shard))
                 try:
-                    tensor = handles[shard].get_tensor(name)
+                    tensor = handles[shard].get_tensor(self.stored_names.get(name, name))
                 except SafetensorError as error:
                     raise WeightsError(shard, f"cannot read tensor {name!r}: {error}") from None
                 yield name, tensor

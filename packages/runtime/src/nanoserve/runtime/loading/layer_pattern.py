@@ -8,6 +8,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from nanoserve.runtime.errors import ConfigError, UnsupportedModelError
+from nanoserve.runtime.loading.recurrent_layers import (
+    LFM2_CONV,
+    LINEAR_ATTENTION,
+    lfm2_layer_types,
+)
 
 GEMMA3_SLIDING_PATTERN = 6  # five sliding layers, then one global
 
@@ -15,11 +20,16 @@ GEMMA3_SLIDING_PATTERN = 6  # five sliding layers, then one global
 def layer_types(
     arch: str, config_json: Mapping[str, Any], num_layers: Any, source: str
 ) -> list[str]:
-    """Each layer's attention: "sliding" or "full" (an unknown kind is refused: a hybrid
-    linear-attention layer must never run as softmax attention)."""
+    """Each layer's mixer: "sliding" or "full" attention, LFM2's "conv" or Qwen3.5's
+    "linear_attention" (an unknown kind is refused: a recurrent layer must never run as softmax
+    attention)."""
     if type(num_layers) is not int or num_layers <= 0:
         return []
-    given = config_json.get("layer_types")
+    given = (
+        lfm2_layer_types(config_json, num_layers)
+        if arch == "lfm2"
+        else config_json.get("layer_types")
+    )
     if given is None:
         if arch == "gemma3":
             pattern = config_json.get("sliding_window_pattern", GEMMA3_SLIDING_PATTERN)
@@ -31,9 +41,14 @@ def layer_types(
     if not isinstance(given, list) or len(given) != num_layers:
         raise ConfigError(source, f"layer_types must list {num_layers} layers, got {given!r}")
     kinds = {"sliding_attention": "sliding", "full_attention": "full"}
+    if arch == "lfm2":
+        kinds[LFM2_CONV] = LFM2_CONV
+    if arch == "qwen3_5":
+        kinds[LINEAR_ATTENTION] = LINEAR_ATTENTION
     if unknown := next((t for t in given if t not in kinds), None):
+        known = ", ".join(kinds)
         raise UnsupportedModelError(
-            source, f"layer type {unknown!r} is not supported (only full and sliding attention)"
+            source, f"layer type {unknown!r} is not supported here (supported: {known})"
         )
     return [kinds[t] for t in given]
 

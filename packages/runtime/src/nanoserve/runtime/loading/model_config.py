@@ -1,9 +1,11 @@
 """The shape of a decoder-only model, and the rotary frequencies it implies.
 
 One frozen `ModelConfig` describes every architecture nanoserve runs (Llama, Qwen2, Qwen3,
-Mistral, Gemma 3, SmolLM3): they differ only in the fields here, each a delta on the Llama
-forward (per-head q/k norms, sandwich norms, GeGLU, sliding-window layers, layers without
-rotary, scaled rotary). It is built from a Hugging Face `config.json`
+Mistral, Gemma 3, SmolLM3, Phi-3, LFM2, Qwen3.5): they differ only in the fields here, each a
+delta on the Llama forward (per-head q/k norms, sandwich norms, GeGLU, sliding-window layers,
+layers without rotary, scaled or partial rotary, a gate on attention's output, and a hybrid's
+recurrent layers: LFM2's short convolutions, Qwen3.5's gated DeltaNet; recurrent_layers.py). It
+is built from a Hugging Face `config.json`
 (`from_hf`) or from GGUF metadata (`gguf_file.py`), and validated on construction, so a config
 that exists is usable.
 """
@@ -17,15 +19,18 @@ from typing import Any, Literal
 
 from nanoserve.runtime.errors import ConfigError, UnsupportedModelError
 from nanoserve.runtime.loading.layer_pattern import layer_types, no_rope_layers, sliding_window
-from nanoserve.runtime.loading.rope import (
-    Scaling,
-    check_rope_scaling,
-    number,
-    parse_rope,
-    rope_to_hf,
+from nanoserve.runtime.loading.recurrent_layers import (
+    DeltaNetLayers,
+    ShortConvLayers,
+    lfm2_intermediate_size,
+    lfm2_short_conv,
+    qwen3_5_delta_net,
 )
+from nanoserve.runtime.loading.rope import Scaling, check_rope_scaling, number, parse_rope
 
-Architecture = Literal["llama", "qwen2", "qwen3", "mistral", "gemma3", "smollm3", "phi3"]
+Architecture = Literal[
+    "llama", "qwen2", "qwen3", "mistral", "gemma3", "smollm3", "phi3", "lfm2", "qwen3_5"
+]
 ARCHITECTURES: tuple[Architecture, ...] = (
     "llama",
     "qwen2",
@@ -34,6 +39,8 @@ ARCHITECTURES: tuple[Architecture, ...] = (
     "gemma3",
     "smollm3",
     "phi3",
+    "lfm2",
+    "qwen3_5",
 )
 Activation = Literal["silu", "gelu_tanh"]
 HF_CLASS_NAMES: dict[Architecture, str] = {
@@ -44,11 +51,15 @@ HF_CLASS_NAMES: dict[Architecture, str] = {
     "gemma3": "Gemma3ForCausalLM",
     "smollm3": "SmolLM3ForCausalLM",
     "phi3": "Phi3ForCausalLM",
+    "lfm2": "Lfm2ForCausalLM",
+    "qwen3_5": "Qwen3_5ForCausalLM",
 }
-# config.json's model_type of each (Gemma 3's text-only checkpoints are "gemma3_text")
+# config.json's model_type of each (Gemma 3's text-only checkpoints are "gemma3_text"; Qwen3.5's
+# text model is "qwen3_5_text", and "qwen3_5" its multimodal form, whose text_config is read)
 HF_MODEL_TYPES: dict[str, Architecture] = {
     **{arch: arch for arch in ARCHITECTURES if arch != "gemma3"},
     "gemma3_text": "gemma3",
+    "qwen3_5_text": "qwen3_5",
 }
 # transformers' defaults for the fields a config.json may leave out
 _DEFAULT_MAX_POSITIONS: dict[Architecture, int] = {
@@ -59,6 +70,8 @@ _DEFAULT_MAX_POSITIONS: dict[Architecture, int] = {
     "gemma3": 131072,
     "smollm3": 32768,
     "phi3": 4096,
+    "lfm2": 128_000,
+    "qwen3_5": 32768,
 }
 _DEFAULT_RMS_NORM_EPS = 1e-6
 
@@ -93,6 +106,10 @@ class ModelConfig:
     sliding_window: int | None = None  # tokens a sliding layer sees, itself included
     sliding_layers: tuple[int, ...] = ()  # the layers that attend within the window
     sliding_rope_theta: float | None = None  # their rotary base, if not rope_theta (Gemma 3)
+    short_conv: ShortConvLayers | None = None  # LFM2's gated short convolutions, in place of
+    # attention on their layers
+    delta_net: DeltaNetLayers | None = None  # Qwen3.5's gated DeltaNet, in place of attention
+    attn_output_gate: bool = False  # attention's output times sigmoid of a second query half
 
     def __post_init__(self) -> None:
         self.check("ModelConfig")  # `from_hf` re-raises naming the file it read
@@ -121,6 +138,32 @@ class ModelConfig:
     @property
     def attention_scale(self) -> float:
         return self.head_dim**-0.5 if self.query_scale is None else self.query_scale
+
+    @property
+    def recurrent_layers(self) -> tuple[int, ...]:
+        """A hybrid's layers that carry a state in place of K/V (none for a transformer)."""
+        conv = self.short_conv.layers if self.short_conv is not None else ()
+        delta = self.delta_net.layers if self.delta_net is not None else ()
+        return tuple(sorted({*conv, *delta}))
+
+    @property
+    def attention_layers(self) -> tuple[int, ...]:
+        """The layers that attend (and so hold K/V): all but a hybrid's recurrent ones."""
+        recurrent = set(self.recurrent_layers)
+        return tuple(i for i in range(self.num_layers) if i not in recurrent)
+
+    def layer_state_shapes(self, layer: int) -> tuple[tuple[int, ...], ...]:
+        """What `layer` keeps per state slot: a convolution's window, and DeltaNet's matrix."""
+        if self.short_conv is not None and layer in self.short_conv.layers:
+            return (self.short_conv.state_shape(self.hidden_size),)
+        if self.delta_net is not None and layer in self.delta_net.layers:
+            return self.delta_net.state_shapes()
+        return ()
+
+    @property
+    def state_shapes(self) -> tuple[tuple[int, ...], ...]:
+        """One state slot's tensors, every recurrent layer's in layer order (none: no state)."""
+        return tuple(s for layer in self.recurrent_layers for s in self.layer_state_shapes(layer))
 
     def layer_window(self, layer: int) -> int | None:
         """The sliding window of `layer`, or None where it attends to its whole context."""
@@ -191,6 +234,12 @@ class ModelConfig:
             raise ConfigError(
                 source, f"sliding_layers={self.sliding_layers} without a sliding_window"
             )
+        if self.short_conv is not None:
+            self.short_conv.check(self.num_layers, source)
+        if self.delta_net is not None:
+            self.delta_net.check(self.num_layers, source)
+        if not isinstance(self.attn_output_gate, bool):
+            raise ConfigError(source, f"attn_output_gate={self.attn_output_gate!r} must be a bool")
 
     @classmethod
     def from_hf(
@@ -206,6 +255,9 @@ class ModelConfig:
         `generate()` stops on), else from `config.json`.
         """
         model_type = config_json.get("model_type")
+        if model_type == "qwen3_5":  # Qwen3.5 with its vision tower: its language model is read
+            config_json = qwen3_5_text_config(config_json, source)
+            model_type = config_json.get("model_type")
         if model_type == "gemma3":  # the multimodal checkpoint: a vision tower beside the text
             raise UnsupportedModelError(
                 source,
@@ -218,9 +270,10 @@ class ModelConfig:
                 source, f"model_type {model_type!r} is not supported (supported: {supported})"
             )
         arch = HF_MODEL_TYPES[model_type]
+        lfm2, qwen3_5 = arch == "lfm2", arch == "qwen3_5"
         defaults = {
             "max_position_embeddings": _DEFAULT_MAX_POSITIONS[arch],
-            "rms_norm_eps": _DEFAULT_RMS_NORM_EPS,
+            "rms_norm_eps": config_json.get("norm_eps", 1e-5) if lfm2 else _DEFAULT_RMS_NORM_EPS,
         }
         act = config_json.get("hidden_activation" if arch == "gemma3" else "hidden_act")
         act = act or ("gelu_pytorch_tanh" if arch == "gemma3" else "silu")
@@ -268,7 +321,9 @@ class ModelConfig:
                 architecture=arch,
                 vocab_size=field("vocab_size"),
                 hidden_size=hidden_size,
-                intermediate_size=field("intermediate_size"),
+                intermediate_size=lfm2_intermediate_size(config_json, source)
+                if lfm2
+                else field("intermediate_size"),
                 num_layers=num_layers,
                 num_heads=num_heads,
                 num_kv_heads=_or(config_json.get("num_key_value_heads"), num_heads),
@@ -279,15 +334,17 @@ class ModelConfig:
                 if rope.partial != 1.0 and isinstance(head_dim, int)
                 else None,
                 rms_norm_eps=number(field("rms_norm_eps"), "rms_norm_eps", source),
-                tie_word_embeddings=bool(config_json.get("tie_word_embeddings", gemma)),
+                tie_word_embeddings=bool(
+                    config_json.get("tie_word_embeddings", config_json.get("tie_embedding", gemma))
+                ),
                 attention_bias=arch == "qwen2" or bool(config_json.get("attention_bias", False)),
                 max_position_embeddings=field("max_position_embeddings"),
                 eos_token_ids=_token_ids(eos, "eos_token_id", source),
                 bos_token_id=bos,
                 hidden_act=_ACTIVATIONS[act],
-                qk_norm=arch in ("qwen3", "gemma3"),
+                qk_norm=arch in ("qwen3", "gemma3", "lfm2", "qwen3_5"),
                 sandwich_norm=gemma,
-                norm_offset=1.0 if gemma else 0.0,
+                norm_offset=1.0 if gemma or qwen3_5 else 0.0,
                 embedding_multiplier=float(hidden_size) ** 0.5 if gemma else 1.0,
                 query_scale=float(config_json.get("query_pre_attn_scalar", 256)) ** -0.5
                 if gemma
@@ -298,67 +355,12 @@ class ModelConfig:
                 if window is not None
                 else (),
                 sliding_rope_theta=rope.sliding_theta,
+                short_conv=lfm2_short_conv(config_json, kinds) if lfm2 else None,
+                delta_net=qwen3_5_delta_net(config_json, kinds) if qwen3_5 else None,
+                attn_output_gate=qwen3_5,
             )
         except ConfigError as error:  # re-raised naming the file rather than the class
             raise ConfigError(source, error.problem) from None
-
-    def to_hf(self) -> dict[str, Any]:
-        """A transformers 5 `config.json` dict that `from_hf` (and transformers) reads back as-is."""
-        rope = rope_to_hf(self.rope_theta, self.rope_scaling)
-        if self.rotary_dim is not None:
-            rope["partial_rotary_factor"] = self.rotary_dim / self.head_dim
-        eos: int | list[int] | None = list(self.eos_token_ids) or None
-        if isinstance(eos, list) and len(eos) == 1:
-            eos = eos[0]
-        gemma = self.architecture == "gemma3"
-        out: dict[str, Any] = {
-            "architectures": [HF_CLASS_NAMES[self.architecture]],
-            "model_type": "gemma3_text" if gemma else self.architecture,
-            "vocab_size": self.vocab_size,
-            "hidden_size": self.hidden_size,
-            "intermediate_size": self.intermediate_size,
-            "num_hidden_layers": self.num_layers,
-            "num_attention_heads": self.num_heads,
-            "num_key_value_heads": self.num_kv_heads,
-            "head_dim": self.head_dim,
-            "hidden_activation" if gemma else "hidden_act": _HF_ACTIVATIONS[self.hidden_act],
-            "max_position_embeddings": self.max_position_embeddings,
-            "rms_norm_eps": self.rms_norm_eps,
-            "rope_theta": self.rope_theta,
-            "rope_parameters": rope,
-            "tie_word_embeddings": self.tie_word_embeddings,
-            "bos_token_id": self.bos_token_id,
-            "eos_token_id": eos,
-            "pad_token_id": None,  # not transformers' per-class default (SmolLM3's is 128004)
-        }
-        if self.architecture != "qwen2":  # qwen2's bias is implied by its architecture
-            out["attention_bias"] = self.attention_bias
-        if self.architecture == "smollm3":
-            out["no_rope_layers"] = [
-                int(i not in self.no_rope_layers) for i in range(self.num_layers)
-            ]
-        kinds = ["sliding" if self.layer_window(i) else "full" for i in range(self.num_layers)]
-        if gemma:
-            local = {
-                "rope_type": "default",
-                "rope_theta": self.sliding_rope_theta or self.rope_theta,
-            }
-            out["rope_parameters"] = {"full_attention": rope, "sliding_attention": local}
-            scalar = self.attention_scale**-2
-            # transformers takes an int (every Gemma 3's is: 256, or head_dim)
-            out["query_pre_attn_scalar"] = (
-                round(scalar) if abs(scalar - round(scalar)) < 1e-6 else scalar
-            )
-            out["sliding_window"] = self.sliding_window
-            out["layer_types"] = [f"{kind}_attention" for kind in kinds]
-        elif self.sliding_window is not None:
-            out["sliding_window"] = self.sliding_window
-            out["layer_types"] = [f"{kind}_attention" for kind in kinds]
-            if self.architecture in ("qwen2", "qwen3", "smollm3"):
-                out["use_sliding_window"] = True
-        elif self.architecture in ("mistral", "phi3"):
-            out["sliding_window"] = None
-        return out
 
 
 _ACTIVATIONS: dict[str, Activation] = {
@@ -366,7 +368,20 @@ _ACTIVATIONS: dict[str, Activation] = {
     "gelu_pytorch_tanh": "gelu_tanh",
     "gelu_tanh": "gelu_tanh",
 }
-_HF_ACTIVATIONS: dict[Activation, str] = {"silu": "silu", "gelu_tanh": "gelu_pytorch_tanh"}
+HF_ACTIVATIONS: dict[Activation, str] = {"silu": "silu", "gelu_tanh": "gelu_pytorch_tanh"}
+
+
+def qwen3_5_text_config(config_json: Mapping[str, Any], source: str) -> dict[str, Any]:
+    """The language model's config of a Qwen3.5 checkpoint with its vision tower (its
+    `text_config`, with the top level's token ids and tying where it leaves them out)."""
+    text = config_json.get("text_config")
+    if not isinstance(text, Mapping):
+        raise ConfigError(source, "model_type 'qwen3_5' without a text_config object")
+    merged = {"model_type": "qwen3_5_text", **text}
+    for name in ("tie_word_embeddings", "eos_token_id", "bos_token_id"):
+        if name not in merged and name in config_json:
+            merged[name] = config_json[name]
+    return merged
 
 
 def _or(value: Any, default: Any) -> Any:

@@ -19,6 +19,8 @@ DEFAULT_ROPE_THETA: dict[str, float] = {
     "gemma3": 1_000_000.0,
     "smollm3": 2_000_000.0,
     "phi3": 10000.0,
+    "lfm2": 1_000_000.0,
+    "qwen3_5": 10_000_000.0,
 }
 _GEMMA3_LOCAL_ROPE_THETA = 10000.0
 GEMMA3_LOCAL_ROPE_THETA = 10000.0

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
-import math
-import mmap
 from dataclasses import dataclass
 
 import torch
@@ -17,25 +14,10 @@ from nanoserve.core import (
     paged_prefill_attention,
 )
 from nanoserve.core.errors import GeometryError
+from nanoserve.core.state_pool_plan import StatePoolPlan
 from nanoserve.runtime.model.device import resolve_device
-
-
-def zeroed(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """Zeros. On a CPU, pages of an anonymous map, which the OS hands out zeroed on first
-    touch: a 1 GiB pool costs nothing until its slots are written, and only the slots ever
-    written are resident (torch.zeros writes every byte at once, seconds for a large pool)."""
-    if device.type != "cpu":
-        return torch.zeros(shape, dtype=dtype, device=device)
-    numel = math.prod(shape)
-    # In 4 KiB pages (MADV_NOHUGEPAGE, for hosts whose transparent huge pages are "always"): a
-    # slot's first write then faults in 4 KiB, where a huge page is 2 MiB at once, and a VM that
-    # reports free huge blocks to its host faults each back in slowly, in front of a step
-    # (RESULTS.md, 2026-12-04: a 1.5B's first forward at boot, with and without huge pages).
-    flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS
-    pages = mmap.mmap(-1, max(1, numel * dtype.itemsize), flags=flags)
-    with contextlib.suppress(AttributeError, OSError):  # a hint; absent off Linux
-        pages.madvise(mmap.MADV_NOHUGEPAGE)
-    return torch.frombuffer(pages, dtype=dtype, count=numel).view(shape)
+from nanoserve.runtime.model.lazy_pages import zeroed
+from nanoserve.runtime.model.state_pool import StatePool
 
 
 class KVPool:
@@ -49,10 +31,23 @@ class KVPool:
     (`touch`) to have nothing paged in front of a client.
     """
 
-    def __init__(self, plan: KVPoolPlan, device: torch.device | str = "cpu") -> None:
+    def __init__(
+        self,
+        plan: KVPoolPlan,
+        device: torch.device | str = "cpu",
+        states: StatePool | None = None,
+    ) -> None:
         self.plan = plan
         self.device = resolve_device(device)
         self._layers: list[torch.Tensor | None] = [None] * plan.num_layers
+        # A hybrid model's recurrent state, addressed by the plans' state slots (a model that
+        # keeps none has a pool of no tensors). It travels with the K/V: a step uses both.
+        self.states = states or StatePool(StatePoolPlan(0, ()), self.device)
+
+    @property
+    def sink_state_slot(self) -> int:
+        """The state slot padded rows read and write."""
+        return self.states.plan.sink
 
     @property
     def resident(self) -> bool:
@@ -151,6 +146,12 @@ class CacheRows:
         """The layer's K/V tensor for a kernel that reads and writes it in place for `plan`."""
         self._check(plan.seq_ids)
         return self.pool.storage(layer)
+
+    def state(self, index: int, plan: DecodePlan | PrefillPlan) -> torch.Tensor:
+        """State tensor `index` (a recurrent layer's, in layer order), [state slots + 1, ...]:
+        `plan.state_slots` names the rows it reads and writes in place."""
+        self._check(plan.seq_ids)
+        return self.pool.states.tensor(index)
 
     def paged_attention(
         self,

@@ -3,7 +3,13 @@
 Qwen3, Gemma 3 and SmolLM3 are deltas on this one forward, each a field of ModelConfig: per-head
 q/k norms before rotary, norms on attention's and the MLP's outputs (Gemma's sandwich), GeGLU,
 a scaled embedding, a query scale, sliding-window layers with their own rotary base, and layers
-without rotary (SmolLM3's NoPE). A layer's attention is described by its `LayerKind`.
+without rotary (SmolLM3's NoPE). A layer's attention is described by its `LayerKind`. LFM2 is a
+hybrid: its convolution layers replace attention by a gated short convolution whose window of
+past inputs lives in the state pool (short_conv.py), addressed by the plan's `state_slots`;
+only its attention layers hold K/V (the pool's layer `kv_index[layer]`). Qwen3.5 is a hybrid
+too: its linear-attention layers run gated DeltaNet (delta_net.py), whose convolution window
+and state matrix live in the state pool; its attention layers gate their output by a sigmoid
+of a second query projection.
 
 One forward takes either a DecodePlan (one token per row; the step that is bucketed and
 recorded) or a PrefillPlan (chunks of prompts, and decode rows as chunks of one token). Each
@@ -30,6 +36,7 @@ from nanoserve.runtime.loading.checkpoint import (
 )
 from nanoserve.runtime.loading.gguf_blocks import GgufBlocks
 from nanoserve.runtime.loading.model_config import ModelConfig
+from nanoserve.runtime.model.delta_net import delta_net
 from nanoserve.runtime.model.device import resolve_device
 from nanoserve.runtime.model.embedding import QuantEmbedding
 from nanoserve.runtime.model.int8_weight import Int8Weight
@@ -39,6 +46,7 @@ from nanoserve.runtime.model.layer_ops import CpuKernelOps, LayerOps, TorchOps
 from nanoserve.runtime.model.model_weights import assemble_weights
 from nanoserve.runtime.model.quant_weight import QuantLinear, QuantWeight
 from nanoserve.runtime.model.rotary import rotary_table
+from nanoserve.runtime.model.short_conv import short_conv
 from nanoserve.runtime.model.weight_forms import (
     KERNEL_FORMS,
     Linear,
@@ -139,6 +147,15 @@ class LlamaModel:
         # The rotary tables cover what the deployment serves, not a 128k-position config.
         positions = min(config.max_position_embeddings, max_positions or 1 << 62)
         self.kinds = layer_kinds(config)
+        # Where each layer keeps what it carries: an attention layer's K/V in the pool's layer
+        # of that ordinal, a recurrent layer's state in the state pool's tensor of its own.
+        self.kv_index = {layer: i for i, layer in enumerate(config.attention_layers)}
+        # A recurrent layer's first state tensor (DeltaNet's window, then its matrix, follow).
+        self.state_index: dict[int, int] = {}
+        for layer in config.recurrent_layers:
+            self.state_index[layer] = sum(
+                len(config.layer_state_shapes(earlier)) for earlier in self.state_index
+            )
         # Table 0 (the global base) always, so a layer without rotary has a shape to copy.
         tables = sorted({0} | {k.rotary for k in self.kinds if k.rotary is not None})
         self.rotary_tables = [
@@ -160,7 +177,9 @@ class LlamaModel:
     def quant_weights(self) -> list[QuantWeight]:
         """Every packed tensor: the layers' linears' parts, then the output projection's."""
         linears = [
-            w for layer in self.layers for w in (layer.qkv, layer.o, layer.gate_up, layer.down)
+            w
+            for layer in self.layers
+            for w in (layer.qkv, layer.attn_gate, layer.o, layer.gate_up, layer.down)
         ]
         return [p for w in (*linears, self.lm_head) if isinstance(w, QuantLinear) for p in w.parts]
 
@@ -261,13 +280,40 @@ class LlamaModel:
         rotary = ops.rotary(plan)  # once per table for all layers
         h = ops.rms_norm(x, self.layers[0].input_norm)
         for index, (layer, kind) in enumerate(zip(self.layers, self.kinds, strict=True)):
-            qkv = self._linear(h, layer.qkv, layer.qkv_bias)  # [tokens, q + 2 kv]
-            table = None if kind.rotary is None else rotary[kind.rotary]
-            q = ops.rotate_and_cache(qkv, table, plan, cache, index, layer.qk_norms)  # [tokens, q]
-            if logit_rows is None and index == last and isinstance(plan, PrefillPlan):
-                rows = plan.last_token_idx  # [chunks]
-                q, x, plan = q[rows], x[rows], last_tokens(plan)  # [chunks, q], [chunks, hidden]
-            attn = self._linear(ops.attention(q, plan, cache, index, kind.window), layer.o)
+            # The last layer of a prefill carries only each chunk's last token past its writes.
+            trim = logit_rows is None and index == last and isinstance(plan, PrefillPlan)
+            mixer_in = self._linear(h, layer.qkv, layer.qkv_bias)  # [tokens, q + 2 kv]
+            if layer.conv_kernel is not None or layer.delta is not None:  # a recurrent layer
+                state = self.state_index[index]
+                if layer.delta is not None:  # Qwen3.5's gated DeltaNet
+                    assert cfg.delta_net is not None
+                    window, matrix = cache.state(state, plan), cache.state(state + 1, plan)
+                    mixed = delta_net(mixer_in, plan, window, matrix, layer.delta, cfg.delta_net)
+                else:  # LFM2's short convolution
+                    assert layer.conv_kernel is not None
+                    window = cache.state(state, plan)
+                    mixed = short_conv(mixer_in, plan, window, layer.conv_kernel, layer.conv_bias)
+                mixed = mixed.to(x.dtype)  # [tokens, what the output projection reads]
+                if trim:
+                    assert isinstance(plan, PrefillPlan)
+                    rows = plan.last_token_idx  # [chunks]
+                    mixed, x, plan = mixed[rows], x[rows], last_tokens(plan)
+                attn = self._linear(mixed, layer.o, layer.o_bias)
+            else:
+                table = None if kind.rotary is None else rotary[kind.rotary]
+                kv = self.kv_index[index]  # the layer's K/V in the pool (attention layers only)
+                q = ops.rotate_and_cache(mixer_in, table, plan, cache, kv, layer.qk_norms)
+                h_gate = h
+                if trim:
+                    assert isinstance(plan, PrefillPlan)
+                    rows = plan.last_token_idx  # [chunks]
+                    q, x, plan = q[rows], x[rows], last_tokens(plan)  # [chunks, q], [chunks, ...]
+                    h_gate = h[rows]
+                heads = ops.attention(q, plan, cache, kv, kind.window)  # [tokens, q]
+                if layer.attn_gate is not None:  # Qwen3.5: times sigmoid(the gate's query)
+                    gate = self._linear(h_gate, layer.attn_gate).float().sigmoid()
+                    heads = (heads.float() * gate).to(heads.dtype)
+                attn = self._linear(heads, layer.o)
             if layer.attn_out_norm is not None:
                 attn = ops.rms_norm(attn, layer.attn_out_norm)
             h = ops.add_rms_norm(x, attn, layer.post_norm)

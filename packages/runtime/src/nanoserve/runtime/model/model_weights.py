@@ -2,8 +2,10 @@
 taken once, cast and placed, and each linear in its weight form (weight_forms.py).
 
 A layer's projections are fused as the forward calls them (q, k and v as one qkv; gate and up
-as one), norms carry Gemma's (1 + w) offset already added, and the output projection is the
-embedding table itself where it is tied and unquantized.
+as one; a DeltaNet layer's four input projections as one), norms carry Gemma's and Qwen3.5's
+(1 + w) offset already added, and the output projection is the embedding table itself where it
+is tied and unquantized. Qwen3.5's query projection, each head's query then its output gate,
+is split into the two linears the forward calls.
 """
 
 from __future__ import annotations
@@ -16,12 +18,19 @@ from nanoserve.runtime.errors import WeightsError
 from nanoserve.runtime.loading.checkpoint import layer_norm_names
 from nanoserve.runtime.loading.gguf_blocks import GgufBlocks
 from nanoserve.runtime.loading.model_config import ModelConfig
+from nanoserve.runtime.model.delta_net import DeltaNetWeights
 from nanoserve.runtime.model.embedding import QuantEmbedding
 from nanoserve.runtime.model.weight_forms import KERNEL_FORMS, Linear, Source, dense, make_linear
 
 
 @dataclass(slots=True)
 class LayerWeights:
+    """One layer. Its mixer is attention, or on an LFM2 convolution layer the gated short
+    convolution: then `qkv` is its input projection (B, C, x: [3 * hidden, hidden]), `o` its
+    output projection, and `conv_kernel` its depthwise taps; or on a Qwen3.5 linear-attention
+    layer gated DeltaNet: then `qkv` projects to q, k, v, z, b and a, `o` is its output
+    projection, and `delta` holds the rest."""
+
     qkv: Linear  # [(heads + 2 * kv_heads) * head_dim, hidden]
     qkv_bias: torch.Tensor | None
     o: Linear  # [hidden, heads * head_dim]
@@ -32,6 +41,11 @@ class LayerWeights:
     qk_norms: tuple[torch.Tensor, torch.Tensor] | None = None  # [head_dim] each (Qwen3, Gemma 3)
     attn_out_norm: torch.Tensor | None = None  # [hidden], on attention's output (Gemma 3)
     mlp_out_norm: torch.Tensor | None = None  # [hidden], on the MLP's output (Gemma 3)
+    conv_kernel: torch.Tensor | None = None  # [hidden, taps] float32: an LFM2 conv layer's
+    conv_bias: torch.Tensor | None = None  # [hidden] float32, with the config's conv_bias
+    o_bias: torch.Tensor | None = None  # [hidden]: the conv layer's output projection's bias
+    delta: DeltaNetWeights | None = None  # a DeltaNet layer's kernel, decay and norm
+    attn_gate: Linear | None = None  # [heads * head_dim, hidden]: Qwen3.5's output gate
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,18 +99,65 @@ def assemble_weights(
     )  # [vocab, hidden], for lookups
     layers: list[LayerWeights] = []
     norm_names = layer_norm_names(config)
+    conv, delta = config.short_conv, config.delta_net
     for i in range(config.num_layers):
         p = f"model.layers.{i}."
+        norms = {n: norm(f"{p}{n}.weight") for n in norm_names}
+        if conv is not None and i in conv.layers:
+            c = f"{p}conv."
+            bias = conv.bias
+            layers.append(
+                LayerWeights(
+                    qkv=linear(f"{c}in_proj.weight"),
+                    qkv_bias=take(f"{c}in_proj.bias", small_dtype) if bias else None,
+                    o=linear(f"{c}out_proj.weight"),
+                    o_bias=take(f"{c}out_proj.bias", small_dtype) if bias else None,
+                    conv_kernel=take(f"{c}conv.weight", torch.float32)[:, 0].contiguous(),
+                    conv_bias=take(f"{c}conv.bias", torch.float32) if bias else None,
+                    gate_up=linear(f"{p}mlp.gate_proj.weight", f"{p}mlp.up_proj.weight"),
+                    down=linear(f"{p}mlp.down_proj.weight"),
+                    input_norm=norms["input_layernorm"],
+                    post_norm=norms["post_attention_layernorm"],
+                )
+            )
+            continue
+        if delta is not None and i in delta.layers:
+            d = f"{p}linear_attn."
+            in_proj = ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a")
+            layers.append(
+                LayerWeights(
+                    qkv=linear(*(f"{d}{n}.weight" for n in in_proj)),
+                    qkv_bias=None,
+                    o=linear(f"{d}out_proj.weight"),
+                    delta=DeltaNetWeights(
+                        conv_kernel=take(f"{d}conv1d.weight", torch.float32)[:, 0].contiguous(),
+                        decay_rate=-take(f"{d}A_log", torch.float32).exp(),
+                        dt_bias=take(f"{d}dt_bias", torch.float32),
+                        norm=take(f"{d}norm.weight", torch.float32),
+                        eps=config.rms_norm_eps,
+                    ),
+                    gate_up=linear(f"{p}mlp.gate_proj.weight", f"{p}mlp.up_proj.weight"),
+                    down=linear(f"{p}mlp.down_proj.weight"),
+                    input_norm=norms["input_layernorm"],
+                    post_norm=norms["post_attention_layernorm"],
+                )
+            )
+            continue
         fused = config.fused_projections
         attn = [f"{p}self_attn.{n}_proj" for n in (["qkv"] if fused else "qkv")]
         mlp = [f"{p}mlp.{n}_proj" for n in (["gate_up"] if fused else ["gate", "up"])]
         has_bias = f"{attn[0]}.bias" in weights
-        norms = {n: norm(f"{p}{n}.weight") for n in norm_names}
         qk_norms = (
             (norm(f"{p}self_attn.q_norm.weight"), norm(f"{p}self_attn.k_norm.weight"))
             if config.qk_norm
             else None
         )
+        attn_gate = None
+        if config.attn_output_gate:  # each head's query rows, then its gate's: split in two
+            both = dense(source(f"{attn[0]}.weight"), dtype, device)
+            query, gate = both.unflatten(0, (config.num_heads, 2, config.head_dim)).unbind(1)
+            weights[f"{attn[0]}.weight"] = query.flatten(0, 1).contiguous()
+            attn_gate = make_linear([gate.flatten(0, 1).contiguous()], quantize, dtype, device)
         layers.append(
             LayerWeights(
                 qkv=linear(*(f"{a}.weight" for a in attn)),
@@ -111,6 +172,7 @@ def assemble_weights(
                 qk_norms=qk_norms,
                 attn_out_norm=norms["post_attention_layernorm"] if config.sandwich_norm else None,
                 mlp_out_norm=norms.get("post_feedforward_layernorm"),
+                attn_gate=attn_gate,
             )
         )
     final_norm = norm("model.norm.weight")

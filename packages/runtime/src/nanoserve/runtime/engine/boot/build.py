@@ -104,6 +104,9 @@ def _build_engine(
     path = resolve_model_path(config.model)
     say(f"loading {path}")
     checkpoint = load_checkpoint(path)
+    if skipped := checkpoint.skipped:
+        parts = ", ".join(f"the {part} ({count} tensors)" for part, count in skipped.items())
+        say(f"not loaded: {parts}; the language model alone is served")
     resolved = config.resolve(
         model_max_len=checkpoint.config.max_position_embeddings,
         auto_quantize=choose_weight_forms(config, checkpoint, say),
@@ -161,6 +164,14 @@ def _build_engine(
         f"planned K/V pool: {engine.pool_plan.num_blocks} blocks of {resolved.block_size}"
         f" ({engine.pool_plan.total_bytes / 2**20:.0f} MiB) for {resolved.max_model_len}-token contexts"
     )
+    if (state := engine.state_plan).tensors:
+        say(
+            f"recurrent state: {state.num_slots} slots + the sink of"
+            f" {state.bytes_per_slot / 2**10:.1f} KiB each ({state.total_bytes / 2**20:.1f} MiB,"
+            f" float32, {len(model.config.recurrent_layers)} layers)"
+        )
+        if resolved.enable_prefix_cache:
+            say("prefix cache: off for this model (a hit must restore its recurrent state)")
     if resolved.decode_mode.recorded and resolved.warm:
         check_cancelled(cancel, "before the warm-up")
         warm_engine(engine, say, cancel)
@@ -267,6 +278,8 @@ def boot_line(engine: Engine, seconds: float) -> str:
         *([f"weights=[{types}]"] if (types := engine.runner.model.weight_types) else []),
         f"kv_blocks={plan.num_blocks}x{plan.block_size}",
     ]
+    if (state := engine.state_plan).tensors:
+        parts.append(f"state_slots={state.num_slots}x{state.bytes_per_slot}B")
     if (speculator := engine.speculator) is not None:
         parts.append(f"speculative={speculator.config.label}")
         if isinstance(draft := speculator.proposer, DraftModel):

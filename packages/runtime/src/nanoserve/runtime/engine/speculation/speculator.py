@@ -227,6 +227,13 @@ def build_speculator(
     spec = config.speculative
     if spec is None:
         return None
+    for role, each in (("model", model), ("draft model", draft)):
+        if each is not None and each.config.state_shapes:
+            raise SpeculativeConfigError(
+                f"speculative decoding is not built for {each.config.architecture}'s recurrent"
+                f" state (the {role}'s): a rejected draft token would stay in it; serve it"
+                " without speculation"
+            )
     if (spec.method == "draft_model") != (draft is not None):
         raise SpeculativeConfigError(
             f"speculative method {spec.method} "

@@ -22,6 +22,7 @@ from nanoserve.core import (
     plan_decode,
     plan_prefill,
 )
+from nanoserve.core.state_slots import check_state_rows
 from nanoserve.runtime.decode.decode_inputs import DecodeInputs
 from nanoserve.runtime.decode.recordings import Backend, DecodeRecordings, StepFn, default_backend
 from nanoserve.runtime.decode.warmup import (
@@ -51,6 +52,7 @@ class ModelRunner:
         self.pool = pool
         self.config = config
         self.sink_slot = pool.plan.sink_slot
+        self.sink_state_slot = pool.sink_state_slot
         self.footprint = model.step_footprint()
         device = pool.device
         mode = config.decode_mode
@@ -61,7 +63,11 @@ class ModelRunner:
             self.buckets = BucketSet(config.max_batch, config.max_model_len, config.width_multiple)
         if mode.persistent:
             self.inputs = DecodeInputs(
-                config.max_batch, config.max_model_len, self.sink_slot, device
+                config.max_batch,
+                config.max_model_len,
+                self.sink_slot,
+                device,
+                sink_state_slot=self.sink_state_slot,
             )
         if mode.recorded:
             assert self.inputs is not None
@@ -119,10 +125,18 @@ class ModelRunner:
     def execute(self, out: SchedulerOutput) -> torch.Tensor:
         """Logits [rows that sample, vocab], in the order of out.scheduled; a verify row gives
         one per position (its last token's, then each draft token's)."""
+        chunks = [item.chunk for item in out.scheduled]
+        check_state_rows(
+            [c.seq_id for c in chunks], [c.state_slot for c in chunks], self.sink_state_slot
+        )
         if out.is_decode_only:
             return self._decode(out)
-        chunks = [item.chunk for item in out.scheduled]
-        plan = plan_prefill(chunks, sink_slot=self.sink_slot, device=self.pool.device)
+        plan = plan_prefill(
+            chunks,
+            sink_slot=self.sink_slot,
+            sink_state_slot=self.sink_state_slot,
+            device=self.pool.device,
+        )
         cache = self.pool.view(plan.seq_ids)
         if any(item.draft for item in out.scheduled):
             starts = plan.query_starts
@@ -140,14 +154,19 @@ class ModelRunner:
 
     def plan_decode_step(self, out: SchedulerOutput) -> DecodePlan:
         seqs = [
-            DecodeSeq(c.seq_id, c.token_ids[0], c.start_pos, c.block_table)
+            DecodeSeq(c.seq_id, c.token_ids[0], c.start_pos, c.block_table, c.state_slot)
             for c in (item.chunk for item in out.scheduled)
         ]
         if self.inputs is not None and self.buckets is not None:
             # Planned on the host, moved in one copy (persistent inputs).
             width = max(s.position for s in seqs) + 1
             return self.inputs.load(seqs, self.buckets.bucket_of(len(seqs), width))
-        plan = plan_decode(seqs, sink_slot=self.sink_slot, device=self.pool.device)
+        plan = plan_decode(
+            seqs,
+            sink_slot=self.sink_slot,
+            sink_state_slot=self.sink_state_slot,
+            device=self.pool.device,
+        )
         if self.buckets is not None:
             plan = bucket_decode(plan, self.buckets)
         return plan

@@ -19,7 +19,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from nanoserve.core import PrefillBudget, PrefillChunk
-from nanoserve.core.errors import NanoserveError
+from nanoserve.core.errors import GeometryError, NanoserveError
+from nanoserve.core.state_slots import StateSlots, check_state_conservation
 from nanoserve.runtime.engine.step.block_manager import BlockManager
 from nanoserve.runtime.engine.step.sequence import Sequence, Status
 
@@ -51,7 +52,8 @@ class ScheduledSeq:
 def schedule_seq(seq: Sequence, num_new: int) -> ScheduledSeq:
     """seq's next num_new tokens, copied alone (never its whole token list)."""
     start = seq.num_computed
-    chunk = PrefillChunk(seq.seq_id, seq.tokens(start, start + num_new), start, seq.block_table)
+    tokens = seq.tokens(start, start + num_new)
+    chunk = PrefillChunk(seq.seq_id, tokens, start, seq.block_table, _state_slot(seq))
     return ScheduledSeq(chunk, start + num_new == seq.num_tokens)
 
 
@@ -59,7 +61,13 @@ def schedule_draft(seq: Sequence, draft: tuple[int, ...]) -> ScheduledSeq:
     """seq's last token, then the draft after it: a verify row."""
     start = seq.num_computed
     tokens = (*seq.tokens(start, start + 1), *draft)
-    return ScheduledSeq(PrefillChunk(seq.seq_id, tokens, start, seq.block_table), True, draft)
+    chunk = PrefillChunk(seq.seq_id, tokens, start, seq.block_table, _state_slot(seq))
+    return ScheduledSeq(chunk, True, draft)
+
+
+def _state_slot(seq: Sequence) -> int:
+    assert seq.state_slot is not None, f"sequence {seq.seq_id} runs without a state slot"
+    return seq.state_slot
 
 
 # (the step's decoding sequences, the tokens the step may still take) -> drafts by seq_id
@@ -92,8 +100,15 @@ class Scheduler:
         watermark_blocks: int = 1,
         prefill_budget: PrefillBudget | None = None,
         drafter: Drafter | None = None,
+        state_slots: StateSlots | None = None,
     ) -> None:
         self.blocks = blocks
+        # One per running sequence: taken at admission, given back at preemption or the end.
+        self.state_slots = state_slots or StateSlots(max_batch)
+        if self.state_slots.num_slots < max_batch:
+            raise GeometryError(
+                f"{self.state_slots.num_slots} state slots cannot run max_batch {max_batch}"
+            )
         self.max_batch = max_batch
         self.max_num_batched_tokens = max_num_batched_tokens
         # None: prompt tokens take whatever of the token budget decoding rows leave
@@ -190,6 +205,7 @@ class Scheduler:
     def _preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)
         self.blocks.release(seq.block_table)
+        self._release_state(seq)  # recomputed with its K/V
         seq.reset_for_recompute()
         self.waiting.appendleft(seq)
 
@@ -215,9 +231,15 @@ class Scheduler:
             self.blocks.count_admitted(len(tokens), seq.num_cached)
             self.waiting.popleft()
             seq.status = Status.RUNNING
+            seq.state_slot = self.state_slots.take(seq.seq_id)
             self.running.append(seq)
             scheduled.append(schedule_seq(seq, num_new))
             budget -= num_new
+
+    def _release_state(self, seq: Sequence) -> None:
+        self.state_slots.give_back(seq.seq_id)
+        seq.state_slot = None
+        check_state_conservation(self.state_slots)
 
     def _sibling_cached(self, seq_id: int) -> bool:
         """A parallel sample starts once its first sibling's prompt is computed (and cached)."""
@@ -253,6 +275,7 @@ class Scheduler:
         if seq in self.running:
             self.running.remove(seq)
             self.blocks.release(seq.block_table)
+            self._release_state(seq)
         elif seq in self.waiting:
             self.waiting.remove(seq)
             self.blocks.release(seq.block_table)

@@ -63,6 +63,7 @@ class Sequence:
     output_ids: list[int] = field(default_factory=list)
     num_computed: int = 0
     num_cached: int = 0
+    state_slot: int | None = None  # its recurrent-state slot while running (StateSlots)
     block_hashes: list[int] = field(default_factory=list)  # prefix-cache keys of full blocks
     status: Status = Status.WAITING
     finish_reason: str | None = None

@@ -14,18 +14,22 @@ from collections.abc import Callable
 import torch
 
 from nanoserve.core import KVPoolPlan
+from nanoserve.core.state_pool_plan import StatePoolPlan
 from nanoserve.runtime.model.kv_pool import KVPool
 from nanoserve.runtime.model.llama import LlamaModel
+from nanoserve.runtime.model.state_pool import StatePool
 
 REPEATS = 2  # runs of one forward, the fastest kept (`fastest`)
 ROUNDS = 5  # rounds of forwards taken in turn (`fastest_interleaved`)
 
 
 def scratch_pool(model: LlamaModel, block_size: int = 1) -> KVPool:
-    """A K/V pool of one block for model's geometry: what a timed forward writes (its sink)."""
+    """A K/V pool of one block for model's geometry, and a state pool of only the sink: what a
+    timed forward writes."""
     cfg = model.config
-    plan = KVPoolPlan(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, model.kv_dtype, block_size, 1)
-    return KVPool(plan, model.device)
+    layers = len(cfg.attention_layers)
+    plan = KVPoolPlan(layers, cfg.num_kv_heads, cfg.head_dim, model.kv_dtype, block_size, 1)
+    return KVPool(plan, model.device, StatePool(StatePoolPlan(0, cfg.state_shapes), model.device))
 
 
 def fastest(run: Callable[[], object], *, warm: bool = True, runs: int = REPEATS) -> float:

@@ -1,0 +1,69 @@
+"""The tensor names a family's Hugging Face checkpoint uses, mapped to the names the loader and
+the forward use (Llama's): a family whose modules are named otherwise is a table here, not a
+second loader. A name no table covers is kept as it is.
+
+LFM2 calls its norms `operator_norm` and `ffn_norm`, its attention output `out_proj`, its
+per-head norms `q_layernorm`/`k_layernorm`, its MLP `feed_forward.w1/w3/w2` (gate, up, down)
+and its final norm `embedding_norm`; its convolution layers keep their own names
+(`conv.in_proj`, `conv.conv`, `conv.out_proj`), which no other family has.
+
+Qwen3.5 keeps Qwen's names (its DeltaNet layers' are `linear_attn.*`), but its checkpoint with a
+vision tower nests the language model under `model.language_model.`, beside `model.visual.`
+(the tower) and `mtp.` (multi-token-prediction heads): those two are parts the loader skips,
+each named at boot, as vLLM's `--language-model-only` skips the tower.
+"""
+
+from __future__ import annotations
+
+LFM2_NAMES: tuple[tuple[str, str], ...] = (
+    (".operator_norm.", ".input_layernorm."),
+    (".ffn_norm.", ".post_attention_layernorm."),
+    (".self_attn.out_proj.", ".self_attn.o_proj."),
+    (".self_attn.q_layernorm.", ".self_attn.q_norm."),
+    (".self_attn.k_layernorm.", ".self_attn.k_norm."),
+    (".feed_forward.w1.", ".mlp.gate_proj."),
+    (".feed_forward.w3.", ".mlp.up_proj."),
+    (".feed_forward.w2.", ".mlp.down_proj."),
+)
+RENAMES: dict[str, tuple[tuple[str, str], ...]] = {"lfm2": LFM2_NAMES}
+PREFIXES: dict[str, tuple[tuple[str, str], ...]] = {
+    "qwen3_5": (("model.language_model.", "model."),)
+}
+# Parts of a checkpoint that are not the language model: skipped at load, named at boot.
+SKIPPED_PARTS: dict[str, tuple[tuple[str, str], ...]] = {
+    "qwen3_5": (("model.visual.", "vision tower"), ("mtp.", "MTP heads")),
+}
+FINAL_NORMS: dict[str, str] = {"lfm2": "model.embedding_norm.weight"}
+
+
+def canonical_name(architecture: str, name: str) -> str:
+    """`name` as the loader knows it: the family's part renamed, the rest kept."""
+    for stored, known in PREFIXES.get(architecture, ()):
+        if name.startswith(stored):
+            name = known + name.removeprefix(stored)
+    if name == FINAL_NORMS.get(architecture):
+        return "model.norm.weight"
+    for stored, known in RENAMES.get(architecture, ()):
+        if stored in name:
+            return name.replace(stored, known, 1)
+    return name
+
+
+def skipped_part(architecture: str, name: str) -> str | None:
+    """The part of the checkpoint a stored `name` belongs to when the loader skips it (Qwen3.5's
+    "vision tower", "MTP heads"), else None."""
+    for prefix, part in SKIPPED_PARTS.get(architecture, ()):
+        if name.startswith(prefix):
+            return part
+    return None
+
+
+def family_name(architecture: str, name: str) -> str:
+    """The loader's `name` as the family's checkpoints store it (what transformers loads): the
+    inverse of `canonical_name`."""
+    if name == "model.norm.weight" and architecture in FINAL_NORMS:
+        return FINAL_NORMS[architecture]
+    for stored, known in RENAMES.get(architecture, ()):
+        if known in name:
+            return name.replace(known, stored, 1)
+    return name
