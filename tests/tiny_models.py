@@ -116,6 +116,31 @@ TINY_ARCH_OVERRIDES: dict[str, dict[str, Any]] = {
         "linear_conv_kernel_dim": 4,
         "pad_token_id": None,
     },
+    # Granite 4.0-H's hybrid: Mamba2 on three of four layers, the last among them (8 heads of
+    # 16 in 2 groups of B and C, a 16-wide state), no rotary (as every Granite 4.0-H), its
+    # multipliers, a dense MLP and no experts (Micro)
+    "granitemoehybrid": {
+        "num_hidden_layers": 4,
+        "layer_types": [
+            "linear_attention",
+            "full_attention",
+            "linear_attention",
+            "linear_attention",
+        ],
+        "mamba_n_heads": 8,
+        "mamba_n_groups": 2,
+        "mamba_d_state": 16,
+        "mamba_d_conv": 4,
+        "mamba_expand": 2,
+        "num_local_experts": 0,
+        "shared_intermediate_size": 128,
+        "position_embedding_type": "nope",
+        "embedding_multiplier": 2.0,
+        "residual_multiplier": 0.5,
+        "attention_multiplier": 0.2,
+        "logits_scaling": 4.0,
+        "pad_token_id": None,
+    },
 }
 
 
@@ -184,6 +209,10 @@ def make_tiny_model_dir(
         "phi3": (transformers.Phi3Config, transformers.Phi3ForCausalLM),
         "lfm2": (transformers.Lfm2Config, transformers.Lfm2ForCausalLM),
         "qwen3_5": (transformers.Qwen3_5TextConfig, transformers.Qwen3_5ForCausalLM),
+        "granitemoehybrid": (
+            transformers.GraniteMoeHybridConfig,
+            transformers.GraniteMoeHybridForCausalLM,
+        ),
     }[arch]
     geometry = {**_TINY_GEOMETRY, **TINY_ARCH_OVERRIDES.get(arch, {})}
     config = config_cls(**{**geometry, "tie_word_embeddings": tie, **overrides})

@@ -41,3 +41,13 @@ def test_qwen3_5s_language_model_is_read_from_under_its_vision_checkpoint() -> N
     assert skipped_part("qwen3_5", "mtp.layers.0.mlp.up_proj.weight") == "MTP heads"
     assert skipped_part("qwen3_5", nested) is None
     assert skipped_part("llama", "model.visual.proj.weight") is None  # no part of a family's
+
+
+def test_granites_shared_mlp_is_the_mlp() -> None:
+    stored = "model.layers.3.shared_mlp.input_linear.weight"
+    assert canonical_name("granitemoehybrid", stored) == "model.layers.3.mlp.gate_up_proj.weight"
+    assert family_name("granitemoehybrid", "model.layers.3.mlp.down_proj.weight") == (
+        "model.layers.3.shared_mlp.output_linear.weight"
+    )
+    mamba = "model.layers.0.mamba.in_proj.weight"  # its own, kept
+    assert canonical_name("granitemoehybrid", mamba) == mamba

@@ -403,3 +403,64 @@ def test_qwen3_5_configs_that_cannot_run_are_named(
 def test_qwen3_5_without_a_text_config_is_named() -> None:
     with pytest.raises(ConfigError, match="model_type 'qwen3_5' without a text_config object"):
         ModelConfig.from_hf({"model_type": "qwen3_5"})
+
+
+GRANITE_4_H: dict[str, Any] = {  # a Granite 4.0-H Micro-like config.json
+    "model_type": "granitemoehybrid",
+    "vocab_size": 100352,
+    "hidden_size": 2048,
+    "shared_intermediate_size": 8192,
+    "intermediate_size": 8192,
+    "num_hidden_layers": 40,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "layer_types": (["mamba"] * 9 + ["attention"]) * 4,
+    "mamba_n_heads": 64,
+    "mamba_d_head": 64,
+    "mamba_n_groups": 1,
+    "mamba_d_state": 128,
+    "mamba_d_conv": 4,
+    "mamba_expand": 2,
+    "mamba_conv_bias": True,
+    "mamba_proj_bias": False,
+    "num_local_experts": 0,
+    "position_embedding_type": "nope",
+    "embedding_multiplier": 12.0,
+    "residual_multiplier": 0.22,
+    "attention_multiplier": 0.0078125,
+    "logits_scaling": 8.0,
+    "max_position_embeddings": 131072,
+    "rms_norm_eps": 1e-5,
+    "tie_word_embeddings": True,
+    "eos_token_id": 100257,
+}
+
+
+def test_granite_4_h_reads_its_mamba2_layers_and_multipliers() -> None:
+    """Its own layer names ("mamba", "attention"), no rotary, the dense shared MLP's width."""
+    config = ModelConfig.from_hf(GRANITE_4_H)
+    assert config.architecture == "granitemoehybrid"
+    assert config.attention_layers == (9, 19, 29, 39)
+    assert config.mamba is not None and len(config.mamba.layers) == 36
+    assert config.state_shapes[:2] == ((4096 + 2 * 128, 3), (64, 64, 128))
+    assert config.no_rope_layers == tuple(range(40)) and config.intermediate_size == 8192
+    assert (config.embedding_multiplier, config.residual_multiplier) == (12.0, 0.22)
+    assert (config.attention_scale, config.logits_scaling) == (0.0078125, 8.0)
+    assert ModelConfig.from_hf(config_to_hf(config)) == config
+
+
+@pytest.mark.parametrize(
+    ("changes", "error", "message"),
+    [
+        ({"num_local_experts": 62}, UnsupportedModelError, "num_local_experts=62: Granite 4.0-H"),
+        ({"layer_types": ["mamba"] * 40}, UnsupportedModelError, "all 40 layers are Mamba2"),
+        ({"mamba_n_groups": 3}, ConfigError, "mamba_n_groups=3 does not divide mamba_n_heads=64"),
+        ({"mamba_d_head": 32}, ConfigError, "mamba_n_heads=64 x mamba_d_head=32 is not"),
+        ({"time_step_limit": [0.0, "x"]}, ConfigError, "time_step_limit holds 'x'"),
+    ],
+)
+def test_granite_configs_that_cannot_run_are_named(
+    changes: dict[str, Any], error: type[Exception], message: str
+) -> None:
+    with pytest.raises(error, match=message):
+        ModelConfig.from_hf({**GRANITE_4_H, **changes})

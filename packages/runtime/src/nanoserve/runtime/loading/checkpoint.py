@@ -20,7 +20,11 @@ from nanoserve.runtime.errors import WeightsError
 from nanoserve.runtime.loading.gguf_blocks import GgufBlocks
 from nanoserve.runtime.loading.hf_dir import HfDir
 from nanoserve.runtime.loading.model_config import ModelConfig
-from nanoserve.runtime.loading.recurrent_layers import DeltaNetLayers, ShortConvLayers
+from nanoserve.runtime.loading.recurrent_layers import (
+    DeltaNetLayers,
+    Mamba2Layers,
+    ShortConvLayers,
+)
 from nanoserve.runtime.text.tokenizer import Tokenizer
 
 if TYPE_CHECKING:  # gguf_file imports gguf, which a GPU machine without an index may lack
@@ -124,7 +128,7 @@ def expected_tensor_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
     """Hugging Face tensor names -> shapes for `config`, in load order."""
     hidden, inter = config.hidden_size, config.intermediate_size
     shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (config.vocab_size, hidden)}
-    conv, delta = config.short_conv, config.delta_net
+    conv, delta, mamba = config.short_conv, config.delta_net, config.mamba
     # Qwen3.5's query projection is twice as wide: each head's query, then its output gate.
     q_rows = 2 * config.q_size if config.attn_output_gate else config.q_size
     for i in range(config.num_layers):
@@ -133,6 +137,8 @@ def expected_tensor_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
             shapes.update(short_conv_shapes(f"model.layers.{i}.conv", hidden, conv))
         elif delta is not None and i in delta.layers:  # Qwen3.5's gated DeltaNet
             shapes.update(delta_net_shapes(f"model.layers.{i}.linear_attn", hidden, delta))
+        elif mamba is not None and i in mamba.layers:  # Granite 4.0-H's Mamba2
+            shapes.update(mamba2_shapes(f"model.layers.{i}.mamba", hidden, mamba))
         elif config.fused_projections:
             shapes[f"{attn}.qkv_proj.weight"] = (config.q_size + 2 * config.kv_size, hidden)
         else:
@@ -146,7 +152,7 @@ def expected_tensor_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
             shapes[f"{attn}.v_proj.bias"] = (config.kv_size,)
         if attends:
             shapes[f"{attn}.o_proj.weight"] = (hidden, config.q_size)
-        if config.fused_projections:
+        if config.fused_mlp:
             shapes[f"{mlp}.gate_up_proj.weight"] = (2 * inter, hidden)
         else:
             shapes[f"{mlp}.gate_proj.weight"] = (inter, hidden)
@@ -195,6 +201,27 @@ def delta_net_shapes(prefix: str, hidden: int, delta: DeltaNetLayers) -> dict[st
         f"{prefix}.norm.weight": (delta.v_dim,),
         f"{prefix}.out_proj.weight": (hidden, delta.value_size),
     }
+
+
+def mamba2_shapes(prefix: str, hidden: int, mamba: Mamba2Layers) -> dict[str, tuple[int, ...]]:
+    """A Mamba2 layer's tensors: the projection to z, x, B, C and dt, the depthwise kernel over
+    x, B and C (with its bias), dt's bias, the decay rate A_log and skip D per head, the norm of
+    the gated output, and the output projection (each projection with a bias if configured)."""
+    shapes: dict[str, tuple[int, ...]] = {
+        f"{prefix}.in_proj.weight": (mamba.in_size, hidden),
+        f"{prefix}.conv1d.weight": (mamba.conv_size, 1, mamba.kernel),
+        f"{prefix}.dt_bias": (mamba.heads,),
+        f"{prefix}.A_log": (mamba.heads,),
+        f"{prefix}.D": (mamba.heads,),
+        f"{prefix}.norm.weight": (mamba.inner_size,),
+        f"{prefix}.out_proj.weight": (hidden, mamba.inner_size),
+    }
+    if mamba.conv_bias:
+        shapes[f"{prefix}.conv1d.bias"] = (mamba.conv_size,)
+    if mamba.proj_bias:
+        shapes[f"{prefix}.in_proj.bias"] = (mamba.in_size,)
+        shapes[f"{prefix}.out_proj.bias"] = (hidden,)
+    return shapes
 
 
 def layer_norm_names(config: ModelConfig) -> tuple[str, ...]:

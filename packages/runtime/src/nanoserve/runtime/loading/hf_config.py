@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from nanoserve.runtime.loading.model_config import HF_ACTIVATIONS, HF_CLASS_NAMES, ModelConfig
-from nanoserve.runtime.loading.recurrent_layers import lfm2_to_hf, qwen3_5_to_hf
+from nanoserve.runtime.loading.recurrent_layers import granite_to_hf, lfm2_to_hf, qwen3_5_to_hf
 from nanoserve.runtime.loading.rope import rope_to_hf
 
 
@@ -47,6 +47,13 @@ def config_to_hf(config: ModelConfig) -> dict[str, Any]:
         out.update(lfm2_to_hf(config.short_conv, config.num_layers, config.rms_norm_eps))
     if config.delta_net is not None:
         out.update(qwen3_5_to_hf(config.delta_net, config.num_layers))
+    if config.mamba is not None:
+        out.update(granite_to_hf(config.mamba, config.num_layers, config.hidden_size))
+        out["shared_intermediate_size"] = config.intermediate_size
+        out["position_embedding_type"] = "rope" if not config.no_rope_layers else "nope"
+        for name in ("embedding_multiplier", "residual_multiplier", "logits_scaling"):
+            out[name] = getattr(config, name)
+        out["attention_multiplier"] = config.attention_scale
     if config.architecture != "qwen2":  # qwen2's bias is implied by its architecture
         out["attention_bias"] = config.attention_bias
     if config.architecture == "smollm3":

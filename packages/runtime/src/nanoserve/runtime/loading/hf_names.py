@@ -7,6 +7,9 @@ per-head norms `q_layernorm`/`k_layernorm`, its MLP `feed_forward.w1/w3/w2` (gat
 and its final norm `embedding_norm`; its convolution layers keep their own names
 (`conv.in_proj`, `conv.conv`, `conv.out_proj`), which no other family has.
 
+Granite 4.0-H calls its MLP `shared_mlp` (`input_linear`: gate and up as one; `output_linear`:
+down); its Mamba2 layers keep their own names (`mamba.*`).
+
 Qwen3.5 keeps Qwen's names (its DeltaNet layers' are `linear_attn.*`), but its checkpoint with a
 vision tower nests the language model under `model.language_model.`, beside `model.visual.`
 (the tower) and `mtp.` (multi-token-prediction heads): those two are parts the loader skips,
@@ -25,7 +28,14 @@ LFM2_NAMES: tuple[tuple[str, str], ...] = (
     (".feed_forward.w3.", ".mlp.up_proj."),
     (".feed_forward.w2.", ".mlp.down_proj."),
 )
-RENAMES: dict[str, tuple[tuple[str, str], ...]] = {"lfm2": LFM2_NAMES}
+GRANITE_NAMES: tuple[tuple[str, str], ...] = (
+    (".shared_mlp.input_linear.", ".mlp.gate_up_proj."),
+    (".shared_mlp.output_linear.", ".mlp.down_proj."),
+)
+RENAMES: dict[str, tuple[tuple[str, str], ...]] = {
+    "lfm2": LFM2_NAMES,
+    "granitemoehybrid": GRANITE_NAMES,
+}
 PREFIXES: dict[str, tuple[tuple[str, str], ...]] = {
     "qwen3_5": (("model.language_model.", "model."),)
 }

@@ -11,6 +11,7 @@ from nanoserve.runtime.errors import ConfigError, UnsupportedModelError
 from nanoserve.runtime.loading.recurrent_layers import (
     LFM2_CONV,
     LINEAR_ATTENTION,
+    MAMBA,
     lfm2_layer_types,
 )
 
@@ -20,9 +21,9 @@ GEMMA3_SLIDING_PATTERN = 6  # five sliding layers, then one global
 def layer_types(
     arch: str, config_json: Mapping[str, Any], num_layers: Any, source: str
 ) -> list[str]:
-    """Each layer's mixer: "sliding" or "full" attention, LFM2's "conv" or Qwen3.5's
-    "linear_attention" (an unknown kind is refused: a recurrent layer must never run as softmax
-    attention)."""
+    """Each layer's mixer: "sliding" or "full" attention, LFM2's "conv", Qwen3.5's
+    "linear_attention" or Granite 4.0-H's "mamba" (an unknown kind is refused: a recurrent layer
+    must never run as softmax attention)."""
     if type(num_layers) is not int or num_layers <= 0:
         return []
     given = (
@@ -31,6 +32,8 @@ def layer_types(
         else config_json.get("layer_types")
     )
     if given is None:
+        if arch == "granitemoehybrid":  # transformers' default: every layer Mamba2
+            return [MAMBA] * num_layers
         if arch == "gemma3":
             pattern = config_json.get("sliding_window_pattern", GEMMA3_SLIDING_PATTERN)
             return ["full" if (i + 1) % pattern == 0 else "sliding" for i in range(num_layers)]
@@ -45,6 +48,8 @@ def layer_types(
         kinds[LFM2_CONV] = LFM2_CONV
     if arch == "qwen3_5":
         kinds[LINEAR_ATTENTION] = LINEAR_ATTENTION
+    if arch == "granitemoehybrid":  # its own names, and the ones transformers 5 writes
+        kinds |= {MAMBA: MAMBA, LINEAR_ATTENTION: MAMBA, "attention": "full"}
     if unknown := next((t for t in given if t not in kinds), None):
         known = ", ".join(kinds)
         raise UnsupportedModelError(
@@ -67,6 +72,10 @@ def sliding_window(
 
 
 def no_rope_layers(arch: str, config_json: Mapping[str, Any], num_layers: Any) -> tuple[int, ...]:
+    if arch == "granitemoehybrid" and type(num_layers) is int:  # rotary only when it says "rope"
+        return (
+            () if config_json.get("position_embedding_type") == "rope" else tuple(range(num_layers))
+        )
     if arch != "smollm3" or type(num_layers) is not int:
         return ()
     flags = config_json.get("no_rope_layers")

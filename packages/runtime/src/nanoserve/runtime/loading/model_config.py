@@ -1,11 +1,12 @@
 """The shape of a decoder-only model, and the rotary frequencies it implies.
 
 One frozen `ModelConfig` describes every architecture nanoserve runs (Llama, Qwen2, Qwen3,
-Mistral, Gemma 3, SmolLM3, Phi-3, LFM2, Qwen3.5): they differ only in the fields here, each a
-delta on the Llama forward (per-head q/k norms, sandwich norms, GeGLU, sliding-window layers,
-layers without rotary, scaled or partial rotary, a gate on attention's output, and a hybrid's
-recurrent layers: LFM2's short convolutions, Qwen3.5's gated DeltaNet; recurrent_layers.py). It
-is built from a Hugging Face `config.json`
+Mistral, Gemma 3, SmolLM3, Phi-3, LFM2, Qwen3.5, Granite 4.0-H): they differ only in the fields
+here, each a delta on the Llama forward (per-head q/k norms, sandwich norms, GeGLU, sliding-window
+layers, layers without rotary, scaled or partial rotary, a gate on attention's output, scaled
+residual branches and logits, and a hybrid's recurrent layers: LFM2's short convolutions,
+Qwen3.5's gated DeltaNet, Granite's Mamba2; recurrent_layers.py). It is built from a Hugging
+Face `config.json`
 (`from_hf`) or from GGUF metadata (`gguf_file.py`), and validated on construction, so a config
 that exists is usable.
 """
@@ -21,7 +22,9 @@ from nanoserve.runtime.errors import ConfigError, UnsupportedModelError
 from nanoserve.runtime.loading.layer_pattern import layer_types, no_rope_layers, sliding_window
 from nanoserve.runtime.loading.recurrent_layers import (
     DeltaNetLayers,
+    Mamba2Layers,
     ShortConvLayers,
+    granite_mamba,
     lfm2_intermediate_size,
     lfm2_short_conv,
     qwen3_5_delta_net,
@@ -29,7 +32,16 @@ from nanoserve.runtime.loading.recurrent_layers import (
 from nanoserve.runtime.loading.rope import Scaling, check_rope_scaling, number, parse_rope
 
 Architecture = Literal[
-    "llama", "qwen2", "qwen3", "mistral", "gemma3", "smollm3", "phi3", "lfm2", "qwen3_5"
+    "llama",
+    "qwen2",
+    "qwen3",
+    "mistral",
+    "gemma3",
+    "smollm3",
+    "phi3",
+    "lfm2",
+    "qwen3_5",
+    "granitemoehybrid",
 ]
 ARCHITECTURES: tuple[Architecture, ...] = (
     "llama",
@@ -41,6 +53,7 @@ ARCHITECTURES: tuple[Architecture, ...] = (
     "phi3",
     "lfm2",
     "qwen3_5",
+    "granitemoehybrid",
 )
 Activation = Literal["silu", "gelu_tanh"]
 HF_CLASS_NAMES: dict[Architecture, str] = {
@@ -53,6 +66,7 @@ HF_CLASS_NAMES: dict[Architecture, str] = {
     "phi3": "Phi3ForCausalLM",
     "lfm2": "Lfm2ForCausalLM",
     "qwen3_5": "Qwen3_5ForCausalLM",
+    "granitemoehybrid": "GraniteMoeHybridForCausalLM",
 }
 # config.json's model_type of each (Gemma 3's text-only checkpoints are "gemma3_text"; Qwen3.5's
 # text model is "qwen3_5_text", and "qwen3_5" its multimodal form, whose text_config is read)
@@ -72,6 +86,7 @@ _DEFAULT_MAX_POSITIONS: dict[Architecture, int] = {
     "phi3": 4096,
     "lfm2": 128_000,
     "qwen3_5": 32768,
+    "granitemoehybrid": 2048,
 }
 _DEFAULT_RMS_NORM_EPS = 1e-6
 
@@ -109,7 +124,10 @@ class ModelConfig:
     short_conv: ShortConvLayers | None = None  # LFM2's gated short convolutions, in place of
     # attention on their layers
     delta_net: DeltaNetLayers | None = None  # Qwen3.5's gated DeltaNet, in place of attention
+    mamba: Mamba2Layers | None = None  # Granite 4.0-H's Mamba2, in place of attention
     attn_output_gate: bool = False  # attention's output times sigmoid of a second query half
+    residual_multiplier: float = 1.0  # each layer's mixer and MLP outputs times this (Granite)
+    logits_scaling: float = 1.0  # the logits divided by this (Granite)
 
     def __post_init__(self) -> None:
         self.check("ModelConfig")  # `from_hf` re-raises naming the file it read
@@ -136,6 +154,12 @@ class ModelConfig:
         return self.architecture == "phi3"
 
     @property
+    def fused_mlp(self) -> bool:
+        """The checkpoint stores gate and up as one `gate_up_proj` (Phi-3; Granite's
+        `shared_mlp.input_linear`)."""
+        return self.architecture in ("phi3", "granitemoehybrid")
+
+    @property
     def attention_scale(self) -> float:
         return self.head_dim**-0.5 if self.query_scale is None else self.query_scale
 
@@ -144,7 +168,8 @@ class ModelConfig:
         """A hybrid's layers that carry a state in place of K/V (none for a transformer)."""
         conv = self.short_conv.layers if self.short_conv is not None else ()
         delta = self.delta_net.layers if self.delta_net is not None else ()
-        return tuple(sorted({*conv, *delta}))
+        mamba = self.mamba.layers if self.mamba is not None else ()
+        return tuple(sorted({*conv, *delta, *mamba}))
 
     @property
     def attention_layers(self) -> tuple[int, ...]:
@@ -158,6 +183,8 @@ class ModelConfig:
             return (self.short_conv.state_shape(self.hidden_size),)
         if self.delta_net is not None and layer in self.delta_net.layers:
             return self.delta_net.state_shapes()
+        if self.mamba is not None and layer in self.mamba.layers:
+            return self.mamba.state_shapes()
         return ()
 
     @property
@@ -210,7 +237,14 @@ class ModelConfig:
         for name in ("qk_norm", "sandwich_norm"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(source, f"{name}={getattr(self, name)!r} must be a bool")
-        for name in ("norm_offset", "embedding_multiplier", "query_scale", "sliding_rope_theta"):
+        for name in (
+            "norm_offset",
+            "embedding_multiplier",
+            "query_scale",
+            "sliding_rope_theta",
+            "residual_multiplier",
+            "logits_scaling",
+        ):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, float) or not math.isfinite(value)):
                 raise ConfigError(source, f"{name}={value!r} must be a finite float")
@@ -238,6 +272,8 @@ class ModelConfig:
             self.short_conv.check(self.num_layers, source)
         if self.delta_net is not None:
             self.delta_net.check(self.num_layers, source)
+        if self.mamba is not None:
+            self.mamba.check(self.num_layers, source)
         if not isinstance(self.attn_output_gate, bool):
             raise ConfigError(source, f"attn_output_gate={self.attn_output_gate!r} must be a bool")
 
@@ -270,7 +306,13 @@ class ModelConfig:
                 source, f"model_type {model_type!r} is not supported (supported: {supported})"
             )
         arch = HF_MODEL_TYPES[model_type]
-        lfm2, qwen3_5 = arch == "lfm2", arch == "qwen3_5"
+        lfm2, qwen3_5, granite = arch == "lfm2", arch == "qwen3_5", arch == "granitemoehybrid"
+        if granite and config_json.get("num_local_experts", 8):
+            raise UnsupportedModelError(
+                source,
+                f"num_local_experts={config_json.get('num_local_experts', 8)}: Granite 4.0-H's"
+                " mixture of experts is not built (the dense Micro is)",
+            )
         defaults = {
             "max_position_embeddings": _DEFAULT_MAX_POSITIONS[arch],
             "rms_norm_eps": config_json.get("norm_eps", 1e-5) if lfm2 else _DEFAULT_RMS_NORM_EPS,
@@ -323,7 +365,7 @@ class ModelConfig:
                 hidden_size=hidden_size,
                 intermediate_size=lfm2_intermediate_size(config_json, source)
                 if lfm2
-                else field("intermediate_size"),
+                else field("shared_intermediate_size" if granite else "intermediate_size"),
                 num_layers=num_layers,
                 num_heads=num_heads,
                 num_kv_heads=_or(config_json.get("num_key_value_heads"), num_heads),
@@ -345,9 +387,13 @@ class ModelConfig:
                 qk_norm=arch in ("qwen3", "gemma3", "lfm2", "qwen3_5"),
                 sandwich_norm=gemma,
                 norm_offset=1.0 if gemma or qwen3_5 else 0.0,
-                embedding_multiplier=float(hidden_size) ** 0.5 if gemma else 1.0,
+                embedding_multiplier=float(hidden_size) ** 0.5
+                if gemma
+                else granite_number(config_json, "embedding_multiplier", granite, source),
                 query_scale=float(config_json.get("query_pre_attn_scalar", 256)) ** -0.5
                 if gemma
+                else granite_number(config_json, "attention_multiplier", granite, source)
+                if granite
                 else None,
                 no_rope_layers=no_rope_layers(arch, config_json, num_layers),
                 sliding_window=window,
@@ -358,6 +404,11 @@ class ModelConfig:
                 short_conv=lfm2_short_conv(config_json, kinds) if lfm2 else None,
                 delta_net=qwen3_5_delta_net(config_json, kinds) if qwen3_5 else None,
                 attn_output_gate=qwen3_5,
+                mamba=granite_mamba(config_json, kinds, source) if granite else None,
+                residual_multiplier=granite_number(
+                    config_json, "residual_multiplier", granite, source
+                ),
+                logits_scaling=granite_number(config_json, "logits_scaling", granite, source),
             )
         except ConfigError as error:  # re-raised naming the file rather than the class
             raise ConfigError(source, error.problem) from None
@@ -369,6 +420,13 @@ _ACTIVATIONS: dict[str, Activation] = {
     "gelu_tanh": "gelu_tanh",
 }
 HF_ACTIVATIONS: dict[Activation, str] = {"silu": "silu", "gelu_tanh": "gelu_pytorch_tanh"}
+
+
+def granite_number(config_json: Mapping[str, Any], name: str, granite: bool, source: str) -> float:
+    """One of Granite's multipliers (1.0 for every other family, and where it leaves it out)."""
+    if not granite or config_json.get(name) is None:
+        return 1.0
+    return number(config_json[name], name, source)
 
 
 def qwen3_5_text_config(config_json: Mapping[str, Any], source: str) -> dict[str, Any]:

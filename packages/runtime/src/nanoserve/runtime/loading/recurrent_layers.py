@@ -11,6 +11,11 @@ Qwen3.5 mixes attention with gated DeltaNet (linear attention): such a layer con
 q, k and v projections along time (a depthwise kernel, as above), then keeps per value head a
 [k_dim, v_dim] matrix that each token decays and corrects by the delta rule. Its state is that
 window and that matrix. `layer_types` names them "linear_attention".
+
+Granite 4.0-H mixes attention with Mamba2: such a layer convolves x, B and C along time (a
+depthwise kernel with a bias), then keeps per head a [head_dim, d_state] state that each token
+decays by exp(dt * A) and writes dt * x B^T into. Its state is that window and that state.
+`layer_types` names them "mamba" (or, as transformers 5 writes it, "linear_attention").
 """
 
 from __future__ import annotations
@@ -109,6 +114,136 @@ class DeltaNetLayers:
         """One slot of one layer: the convolution's window ([channels, kernel - 1]) and the
         recurrent state ([v_heads, k_dim, v_dim])."""
         return (self.conv_size, self.kernel - 1), (self.v_heads, self.k_dim, self.v_dim)
+
+
+@dataclass(frozen=True, slots=True)
+class Mamba2Layers:
+    """Granite 4.0-H's Mamba2 layers: which layers have one, the taps of the convolution before
+    it (with a bias, `conv_bias`), its `heads` of `head_dim` (x is heads * head_dim wide), its
+    `groups` of B and C (each heads / groups heads share one) of `d_state`, whether its input
+    and output projections carry a bias, and the range dt is clamped to."""
+
+    layers: tuple[int, ...]
+    kernel: int
+    heads: int
+    head_dim: int
+    groups: int
+    d_state: int
+    conv_bias: bool
+    proj_bias: bool
+    dt_min: float = 0.0
+    dt_max: float = float("inf")
+
+    @property
+    def inner_size(self) -> int:
+        """x's width, and the output gate z's: heads * head_dim."""
+        return self.heads * self.head_dim
+
+    @property
+    def conv_size(self) -> int:
+        """Channels convolved: x, B and C side by side."""
+        return self.inner_size + 2 * self.groups * self.d_state
+
+    @property
+    def in_size(self) -> int:
+        """The input projection's width: z, then x, B and C, then dt (one per head)."""
+        return self.inner_size + self.conv_size + self.heads
+
+    def check(self, num_layers: int, source: str) -> None:
+        for name in ("kernel", "heads", "head_dim", "groups", "d_state"):
+            value = getattr(self, name)
+            if type(value) is not int or value < (2 if name == "kernel" else 1):
+                raise ConfigError(source, f"mamba's {name}={value!r} is not a size")
+        if self.heads % self.groups:
+            raise ConfigError(
+                source, f"mamba_n_groups={self.groups} does not divide mamba_n_heads={self.heads}"
+            )
+        for name in ("conv_bias", "proj_bias"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(source, f"mamba's {name}={getattr(self, name)!r} must be a bool")
+        if not 0.0 <= self.dt_min <= self.dt_max:
+            raise ConfigError(
+                source, f"time_step_limit=({self.dt_min}, {self.dt_max}) is not a range"
+            )
+        if any(type(i) is not int or not 0 <= i < num_layers for i in self.layers):
+            raise ConfigError(
+                source, f"mamba layers {self.layers} name a layer outside 0..{num_layers - 1}"
+            )
+        if len(set(self.layers)) >= num_layers:
+            raise UnsupportedModelError(
+                source, f"all {num_layers} layers are Mamba2: no layer attends"
+            )
+
+    def state_shapes(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """One slot of one layer: the convolution's window ([channels, kernel - 1]) and the
+        SSM state ([heads, head_dim, d_state])."""
+        return (self.conv_size, self.kernel - 1), (self.heads, self.head_dim, self.d_state)
+
+
+MAMBA = "mamba"  # Granite 4.0-H's own layer type of a Mamba2 layer (transformers 5 writes
+# "linear_attention"), beside "attention" (or "full_attention")
+
+
+def granite_mamba(config_json: Mapping[str, Any], kinds: list[str], source: str) -> Mamba2Layers:
+    hidden = config_json.get("hidden_size")
+    heads = config_json.get("mamba_n_heads", 128)
+    expand = config_json.get("mamba_expand", 2)
+    head_dim = config_json.get("mamba_d_head", "auto")
+    if head_dim == "auto" and type(hidden) is int and type(heads) is int and heads > 0:
+        head_dim = expand * hidden // heads
+    limit = config_json.get("time_step_limit") or (0.0, float("inf"))
+    if not isinstance(limit, list | tuple) or len(limit) != 2:
+        raise ConfigError(source, f"time_step_limit={limit!r} must be two numbers")
+    layers = Mamba2Layers(
+        layers=tuple(i for i, kind in enumerate(kinds) if kind == MAMBA),
+        kernel=config_json.get("mamba_d_conv", 4),
+        heads=heads,
+        head_dim=head_dim,
+        groups=config_json.get("mamba_n_groups", 1),
+        d_state=config_json.get("mamba_d_state", 256),
+        conv_bias=config_json.get("mamba_conv_bias", True),
+        proj_bias=config_json.get("mamba_proj_bias", False),
+        dt_min=_float(limit[0], source),
+        dt_max=_float(limit[1], source),
+    )
+    if type(hidden) is int and layers.inner_size != expand * hidden:
+        raise ConfigError(
+            source,
+            f"mamba_n_heads={heads} x mamba_d_head={head_dim} is not mamba_expand={expand} x"
+            f" hidden_size={hidden}",
+        )
+    return layers
+
+
+def _float(value: Any, source: str) -> float:
+    """A number of config.json; transformers 5 writes infinity as {"__float__": "Infinity"}."""
+    if isinstance(value, Mapping) and isinstance(value.get("__float__"), str):
+        value = value["__float__"]
+    try:
+        if isinstance(value, bool):
+            raise ValueError
+        return float(value)
+    except (TypeError, ValueError):
+        raise ConfigError(source, f"time_step_limit holds {value!r}, not a number") from None
+
+
+def granite_to_hf(mamba: Mamba2Layers, num_layers: int, hidden_size: int) -> dict[str, Any]:
+    """The Mamba2 fields of a transformers 5 GraniteMoeHybrid config.json."""
+    return {
+        "layer_types": [
+            LINEAR_ATTENTION if i in mamba.layers else "full_attention" for i in range(num_layers)
+        ],
+        "mamba_d_conv": mamba.kernel,
+        "mamba_n_heads": mamba.heads,
+        "mamba_d_head": mamba.head_dim,
+        "mamba_expand": mamba.inner_size // hidden_size,
+        "mamba_n_groups": mamba.groups,
+        "mamba_d_state": mamba.d_state,
+        "mamba_conv_bias": mamba.conv_bias,
+        "mamba_proj_bias": mamba.proj_bias,
+        "time_step_limit": [mamba.dt_min, mamba.dt_max],
+        "num_local_experts": 0,
+    }
 
 
 def qwen3_5_delta_net(config_json: Mapping[str, Any], kinds: list[str]) -> DeltaNetLayers:

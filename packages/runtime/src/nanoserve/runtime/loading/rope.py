@@ -21,6 +21,7 @@ DEFAULT_ROPE_THETA: dict[str, float] = {
     "phi3": 10000.0,
     "lfm2": 1_000_000.0,
     "qwen3_5": 10_000_000.0,
+    "granitemoehybrid": 10000.0,
 }
 _GEMMA3_LOCAL_ROPE_THETA = 10000.0
 GEMMA3_LOCAL_ROPE_THETA = 10000.0

@@ -16,15 +16,13 @@ A decode row takes one step of that recurrence. A prompt chunk takes it in its c
 block of `BLOCK` tokens the rule is solved as one triangular system, and the state crosses
 blocks and chunk boundaries whole, so no loop runs over tokens. A chunk of one token (a decode
 row in a mixed step) takes the decode step, so a row's bits do not depend on which kind of
-step carried it: for that, every transcendental of a row (exp, sigmoid, softplus, SiLU) runs on
-whole vectors (`whole_vectors`), and norms divide by a square root (both exact in every lane)
-rather than multiply by torch's approximate `rsqrt`. A row or chunk at position 0 starts from a zero state whatever its slot
-holds; a padded row (position 0, the sink slot) writes only the sink.
+step carried it: every transcendental of a row runs on whole vectors (recurrent_rows.py). A row
+or chunk at position 0 starts from a zero state whatever its slot holds; a padded row (position
+0, the sink slot) writes only the sink.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -32,13 +30,11 @@ import torch.nn.functional as F
 
 from nanoserve.core import DecodePlan, PrefillPlan
 from nanoserve.runtime.loading.recurrent_layers import DeltaNetLayers
+from nanoserve.runtime.model.recurrent_rows import starting_state, whole_vectors
 from nanoserve.runtime.model.short_conv import causal_conv
 
 BLOCK = 64  # tokens solved at once in a chunk (the fla kernels' and transformers' block)
 L2_EPS = 1e-6  # q and k are divided by sqrt(sum of squares + this), as the fla kernels do
-# torch's CPU loops take float32 in pairs of vectors (32 lanes on AVX-512) and finish a tail in
-# scalar code whose exp and sigmoid round otherwise: a row padded to whole pairs never has one.
-LANES = 32
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,7 +73,7 @@ def delta_net(
     beta = whole_vectors(torch.sigmoid, b)  # [tokens, v_heads]
     g = weights.decay_rate * whole_vectors(F.softplus, a + weights.dt_bias)  # <= 0
     if isinstance(plan, DecodePlan):
-        start = _starting_state(state, plan.state_slots, plan.positions)
+        start = starting_state(state, plan.state_slots, plan.positions)
         out, final = step(q, k, v, g, beta, start)
         state.index_copy_(0, plan.state_slots, final)
     else:
@@ -87,22 +83,8 @@ def delta_net(
     return gated
 
 
-def whole_vectors(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> torch.Tensor:
-    """fn(x) of a [rows, width] tensor, each row padded to whole vector pairs: a row's bits do
-    not depend on how many rows came with it."""
-    pad = -x.shape[-1] % LANES
-    return fn(F.pad(x, (0, pad)))[..., : x.shape[-1]] if pad else fn(x)
-
-
 def _l2_normalise(x: torch.Tensor) -> torch.Tensor:
     return x / torch.sqrt((x * x).sum(-1, keepdim=True) + L2_EPS)
-
-
-def _starting_state(
-    state: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor
-) -> torch.Tensor:
-    """The stored states of `slots`; zero where the row or chunk starts its sequence."""
-    return torch.where((positions > 0)[:, None, None, None], state[slots], 0.0)
 
 
 def step(
@@ -134,7 +116,7 @@ def _prefill(
     chunks of one token together by `step`, longer ones each by `chunked`."""
     starts = plan.query_starts
     first = torch.tensor(starts[:-1], dtype=torch.int64, device=q.device)
-    begin = _starting_state(state, plan.state_slots, plan.positions[first])  # [chunks, ...]
+    begin = starting_state(state, plan.state_slots, plan.positions[first])  # [chunks, ...]
     out = torch.empty_like(v)
     finals = torch.empty_like(begin)
     single = [c for c in range(len(starts) - 1) if starts[c + 1] - starts[c] == 1]

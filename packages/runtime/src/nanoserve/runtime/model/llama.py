@@ -9,7 +9,8 @@ past inputs lives in the state pool (short_conv.py), addressed by the plan's `st
 only its attention layers hold K/V (the pool's layer `kv_index[layer]`). Qwen3.5 is a hybrid
 too: its linear-attention layers run gated DeltaNet (delta_net.py), whose convolution window
 and state matrix live in the state pool; its attention layers gate their output by a sigmoid
-of a second query projection.
+of a second query projection. Granite 4.0-H's Mamba2 layers (mamba2.py) keep theirs there too,
+and its branches and logits are scaled (`residual_multiplier`, `logits_scaling`).
 
 One forward takes either a DecodePlan (one token per row; the step that is bucketed and
 recorded) or a PrefillPlan (chunks of prompts, and decode rows as chunks of one token). Each
@@ -43,6 +44,7 @@ from nanoserve.runtime.model.int8_weight import Int8Weight
 from nanoserve.runtime.model.kv_pool import CacheRows
 from nanoserve.runtime.model.layer_kind import layer_kinds
 from nanoserve.runtime.model.layer_ops import CpuKernelOps, LayerOps, TorchOps
+from nanoserve.runtime.model.mamba2 import mamba2
 from nanoserve.runtime.model.model_weights import assemble_weights
 from nanoserve.runtime.model.quant_weight import QuantLinear, QuantWeight
 from nanoserve.runtime.model.rotary import rotary_table
@@ -283,12 +285,16 @@ class LlamaModel:
             # The last layer of a prefill carries only each chunk's last token past its writes.
             trim = logit_rows is None and index == last and isinstance(plan, PrefillPlan)
             mixer_in = self._linear(h, layer.qkv, layer.qkv_bias)  # [tokens, q + 2 kv]
-            if layer.conv_kernel is not None or layer.delta is not None:  # a recurrent layer
+            if index in self.state_index:  # a recurrent layer
                 state = self.state_index[index]
                 if layer.delta is not None:  # Qwen3.5's gated DeltaNet
                     assert cfg.delta_net is not None
                     window, matrix = cache.state(state, plan), cache.state(state + 1, plan)
                     mixed = delta_net(mixer_in, plan, window, matrix, layer.delta, cfg.delta_net)
+                elif layer.mamba is not None:  # Granite 4.0-H's Mamba2
+                    assert cfg.mamba is not None
+                    window, matrix = cache.state(state, plan), cache.state(state + 1, plan)
+                    mixed = mamba2(mixer_in, plan, window, matrix, layer.mamba, cfg.mamba)
                 else:  # LFM2's short convolution
                     assert layer.conv_kernel is not None
                     window = cache.state(state, plan)
@@ -316,11 +322,15 @@ class LlamaModel:
                 attn = self._linear(heads, layer.o)
             if layer.attn_out_norm is not None:
                 attn = ops.rms_norm(attn, layer.attn_out_norm)
+            if cfg.residual_multiplier != 1.0:
+                attn = attn * cfg.residual_multiplier
             h = ops.add_rms_norm(x, attn, layer.post_norm)
             gate_up = self._linear(h, layer.gate_up)  # [tokens, 2 * intermediate]
             down = self._linear(ops.gated_act(gate_up), layer.down)  # [tokens, hidden]
             if layer.mlp_out_norm is not None:
                 down = ops.rms_norm(down, layer.mlp_out_norm)
+            if cfg.residual_multiplier != 1.0:
+                down = down * cfg.residual_multiplier
             if index + 1 < len(self.layers):
                 h = ops.add_rms_norm(x, down, self.layers[index + 1].input_norm)
             else:
@@ -331,7 +341,8 @@ class LlamaModel:
             else:
                 logit_rows = plan.last_token_idx
         h = ops.rms_norm(x[logit_rows], self.norm)
-        return self._linear(h, self.lm_head).float()
+        logits = self._linear(h, self.lm_head).float()
+        return logits / cfg.logits_scaling if cfg.logits_scaling != 1.0 else logits
 
 
 def _tiled_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:

@@ -20,6 +20,7 @@ from nanoserve.runtime.loading.gguf_blocks import GgufBlocks
 from nanoserve.runtime.loading.model_config import ModelConfig
 from nanoserve.runtime.model.delta_net import DeltaNetWeights
 from nanoserve.runtime.model.embedding import QuantEmbedding
+from nanoserve.runtime.model.mamba2 import Mamba2Weights
 from nanoserve.runtime.model.weight_forms import KERNEL_FORMS, Linear, Source, dense, make_linear
 
 
@@ -29,7 +30,8 @@ class LayerWeights:
     convolution: then `qkv` is its input projection (B, C, x: [3 * hidden, hidden]), `o` its
     output projection, and `conv_kernel` its depthwise taps; or on a Qwen3.5 linear-attention
     layer gated DeltaNet: then `qkv` projects to q, k, v, z, b and a, `o` is its output
-    projection, and `delta` holds the rest."""
+    projection, and `delta` holds the rest; or on a Granite 4.0-H Mamba2 layer: then `qkv`
+    projects to z, x, B, C and dt, and `mamba` holds the rest."""
 
     qkv: Linear  # [(heads + 2 * kv_heads) * head_dim, hidden]
     qkv_bias: torch.Tensor | None
@@ -45,6 +47,7 @@ class LayerWeights:
     conv_bias: torch.Tensor | None = None  # [hidden] float32, with the config's conv_bias
     o_bias: torch.Tensor | None = None  # [hidden]: the conv layer's output projection's bias
     delta: DeltaNetWeights | None = None  # a DeltaNet layer's kernel, decay and norm
+    mamba: Mamba2Weights | None = None  # a Mamba2 layer's kernel, decay, skip and norm
     attn_gate: Linear | None = None  # [heads * head_dim, hidden]: Qwen3.5's output gate
 
 
@@ -99,10 +102,12 @@ def assemble_weights(
     )  # [vocab, hidden], for lookups
     layers: list[LayerWeights] = []
     norm_names = layer_norm_names(config)
-    conv, delta = config.short_conv, config.delta_net
+    conv, delta, mamba = config.short_conv, config.delta_net, config.mamba
     for i in range(config.num_layers):
         p = f"model.layers.{i}."
         norms = {n: norm(f"{p}{n}.weight") for n in norm_names}
+        mlp = [f"{p}mlp.{n}_proj" for n in (["gate_up"] if config.fused_mlp else ["gate", "up"])]
+        mlp = [f"{m}.weight" for m in mlp]
         if conv is not None and i in conv.layers:
             c = f"{p}conv."
             bias = conv.bias
@@ -114,7 +119,7 @@ def assemble_weights(
                     o_bias=take(f"{c}out_proj.bias", small_dtype) if bias else None,
                     conv_kernel=take(f"{c}conv.weight", torch.float32)[:, 0].contiguous(),
                     conv_bias=take(f"{c}conv.bias", torch.float32) if bias else None,
-                    gate_up=linear(f"{p}mlp.gate_proj.weight", f"{p}mlp.up_proj.weight"),
+                    gate_up=linear(*mlp),
                     down=linear(f"{p}mlp.down_proj.weight"),
                     input_norm=norms["input_layernorm"],
                     post_norm=norms["post_attention_layernorm"],
@@ -136,7 +141,34 @@ def assemble_weights(
                         norm=take(f"{d}norm.weight", torch.float32),
                         eps=config.rms_norm_eps,
                     ),
-                    gate_up=linear(f"{p}mlp.gate_proj.weight", f"{p}mlp.up_proj.weight"),
+                    gate_up=linear(*mlp),
+                    down=linear(f"{p}mlp.down_proj.weight"),
+                    input_norm=norms["input_layernorm"],
+                    post_norm=norms["post_attention_layernorm"],
+                )
+            )
+            continue
+        if mamba is not None and i in mamba.layers:
+            m = f"{p}mamba."
+            bias = mamba.proj_bias
+            layers.append(
+                LayerWeights(
+                    qkv=linear(f"{m}in_proj.weight"),
+                    qkv_bias=take(f"{m}in_proj.bias", small_dtype) if bias else None,
+                    o=linear(f"{m}out_proj.weight"),
+                    o_bias=take(f"{m}out_proj.bias", small_dtype) if bias else None,
+                    mamba=Mamba2Weights(
+                        conv_kernel=take(f"{m}conv1d.weight", torch.float32)[:, 0].contiguous(),
+                        conv_bias=take(f"{m}conv1d.bias", torch.float32)
+                        if mamba.conv_bias
+                        else None,
+                        decay_rate=-take(f"{m}A_log", torch.float32).exp(),
+                        dt_bias=take(f"{m}dt_bias", torch.float32),
+                        skip=take(f"{m}D", torch.float32),
+                        norm=take(f"{m}norm.weight", torch.float32),
+                        eps=config.rms_norm_eps,
+                    ),
+                    gate_up=linear(*mlp),
                     down=linear(f"{p}mlp.down_proj.weight"),
                     input_norm=norms["input_layernorm"],
                     post_norm=norms["post_attention_layernorm"],
@@ -145,7 +177,6 @@ def assemble_weights(
             continue
         fused = config.fused_projections
         attn = [f"{p}self_attn.{n}_proj" for n in (["qkv"] if fused else "qkv")]
-        mlp = [f"{p}mlp.{n}_proj" for n in (["gate_up"] if fused else ["gate", "up"])]
         has_bias = f"{attn[0]}.bias" in weights
         qk_norms = (
             (norm(f"{p}self_attn.q_norm.weight"), norm(f"{p}self_attn.k_norm.weight"))
@@ -165,7 +196,7 @@ def assemble_weights(
                 if has_bias
                 else None,
                 o=linear(f"{p}self_attn.o_proj.weight"),
-                gate_up=linear(*(f"{m}.weight" for m in mlp)),
+                gate_up=linear(*mlp),
                 down=linear(f"{p}mlp.down_proj.weight"),
                 input_norm=norms["input_layernorm"],
                 post_norm=norms.get("pre_feedforward_layernorm", norms["post_attention_layernorm"]),

@@ -1,0 +1,117 @@
+"""Granite 4.0-H: Mamba2 layers carrying a convolution window and a state per head, beside
+attention without rotary, with its embedding, residual, attention and logit multipliers.
+
+Greedy tokens and logits against transformers, with prompts cut into chunks; a preempted
+sequence recomputes its state; the prefix cache is off and speculation is refused in one line;
+the mixture-of-experts sizes are refused at load. Alone, batched, eager, bucketed, recorded (on
+torch and on nanoserve's kernels) and the CUDA trace are in test_architectures.py."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+
+from nanoserve.core.state_pool_plan import StatePoolPlan
+from nanoserve.runtime.engine.config.speculative_config import SpeculativeConfig
+from nanoserve.runtime.engine.speculation.speculator import SpeculativeConfigError
+from nanoserve.runtime.errors import UnsupportedModelError
+from nanoserve.runtime.loading.checkpoint import load_checkpoint
+from nanoserve.runtime.model.llama import LlamaModel
+from tests.runtime.hybrid_engine import (
+    PROMPT,
+    PROMPTS,
+    engine_of,
+    greedy,
+    kv_bytes_per_slot,
+    transformers_greedy,
+)
+from tests.runtime.paged_logits import paged_logits, rel_error
+
+LONG = [(i * 37 + 5) % 300 for i in range(150)]  # crosses Mamba2's 64-token blocks twice
+ARCH = "granitemoehybrid"
+
+
+@pytest.fixture(scope="module")
+def granite_dir(
+    tmp_path_factory: pytest.TempPathFactory, make_tiny_model_dir: Callable[..., Path]
+) -> Path:
+    return make_tiny_model_dir(tmp_path_factory.mktemp(ARCH), arch=ARCH)
+
+
+@pytest.fixture(scope="module")
+def reference(granite_dir: Path) -> object:
+    import transformers
+
+    return transformers.AutoModelForCausalLM.from_pretrained(granite_dir).eval()
+
+
+def test_the_config_is_read_as_a_hybrid(granite_dir: Path) -> None:
+    config = load_checkpoint(granite_dir).config
+    assert (config.attention_layers, config.recurrent_layers) == ((1,), (0, 2, 3))
+    # per Mamba2 layer: the window over x, B and C (128 + 2 x 2 x 16 wide, 3 past inputs) and
+    # 8 heads' 16 x 16 state
+    assert config.state_shapes == ((192, 3), (8, 16, 16)) * 3
+    assert config.no_rope_layers == (0, 1, 2, 3)  # position_embedding_type "nope"
+    multipliers = (config.embedding_multiplier, config.residual_multiplier, config.logits_scaling)
+    assert multipliers == (2.0, 0.5, 4.0) and config.attention_scale == 0.2
+
+
+@pytest.mark.parametrize("chunk", [None, 7, 1, 70])
+def test_logits_match_transformers_across_chunk_boundaries(
+    granite_dir: Path, reference: object, chunk: int | None
+) -> None:
+    checkpoint = load_checkpoint(granite_dir)
+    model = LlamaModel.from_tensors(checkpoint.config, checkpoint.tensors(), max_positions=256)
+    with torch.no_grad():
+        expected = reference(torch.tensor([LONG])).logits[0]  # type: ignore[operator]
+    assert rel_error(paged_logits(model, LONG, chunk), expected) < 1e-4
+
+
+def test_greedy_tokens_are_transformers_recomputing_everything(
+    granite_dir: Path, reference: object
+) -> None:
+    tokens, _ = greedy(engine_of(granite_dir, max_num_batched_tokens=7), [PROMPT])
+    assert tokens["0"] == transformers_greedy(reference, PROMPT)
+
+
+def test_a_preempted_sequence_recomputes_its_state(granite_dir: Path) -> None:
+    alone = {str(i): greedy(engine_of(granite_dir), [p])[0]["0"] for i, p in enumerate(PROMPTS)}
+    config = load_checkpoint(granite_dir).config
+    state = StatePoolPlan(4, config.state_shapes).total_bytes
+    # 20 blocks of 4 slots for 4 rows of up to 34 tokens: someone is preempted
+    per_slot = kv_bytes_per_slot(granite_dir)
+    engine = engine_of(granite_dir, kv_budget_bytes=state + per_slot * (4 * 20 + 1))
+    assert engine.pool_plan.num_blocks == 20
+    tokens, preempted = greedy(engine, PROMPTS)
+    assert preempted > 0
+    assert tokens == alone
+    assert engine.scheduler.state_slots.num_used == 0  # every slot given back
+    assert engine.blocks.num_in_use == 0
+
+
+def test_the_state_is_planned_and_the_prefix_cache_is_off(granite_dir: Path) -> None:
+    engine = engine_of(granite_dir)
+    per_slot = 3 * (192 * 3 + 8 * 16 * 16) * 4  # three layers' windows and states, float32
+    assert engine.state_plan.bytes_per_slot == per_slot
+    assert engine.pool_plan.num_layers == 1  # K/V for the one attention layer only
+    assert not engine.prefix_caching
+
+
+def test_speculation_is_refused_in_one_line(granite_dir: Path) -> None:
+    with pytest.raises(
+        SpeculativeConfigError,
+        match=rf"^speculative decoding is not built for {ARCH}'s recurrent state \(the model's\)",
+    ):
+        engine_of(granite_dir, speculative=SpeculativeConfig())
+
+
+def test_the_experts_are_refused_at_load(
+    tmp_path: Path, make_tiny_model_dir: Callable[..., Path]
+) -> None:
+    """Granite 4.0-H Tiny and Small route to experts: refused in one line, never served wrong."""
+    moe = make_tiny_model_dir(tmp_path, arch=ARCH, num_local_experts=4, num_experts_per_tok=2)
+    with pytest.raises(UnsupportedModelError, match=r"num_local_experts=4: Granite 4.0-H's mix"):
+        load_checkpoint(moe)
