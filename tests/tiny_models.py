@@ -263,12 +263,15 @@ def write_tiny_gguf(
     raw_tensors: Mapping[str, tuple[np.ndarray, GGMLQuantizationType | None]] | None = None,
     arch: str | None = None,
     pre: str = "smollm",
+    mtp_blocks: int = 0,
 ) -> Path:
     """Convert a tiny HF checkpoint to GGUF as llama.cpp would; matrices stored as `qtype`
     (None: F32).
 
     `raw_tensors` replaces tensors (by GGUF name) with pre-encoded bytes of any type, to build
     files llama.cpp could write but nanoserve must refuse. `arch` overrides the written architecture.
+    `mtp_blocks` appends that many multi-token-prediction blocks (Qwen3.5's converter's: the last
+    attention layer's tensors again, counted in block_count and nextn_predict_layers).
     """
     import gguf  # only GGUF-writing tests need it; the GPU machine's runtime tests do not
     from safetensors.torch import load_file
@@ -278,11 +281,15 @@ def write_tiny_gguf(
 
     config = json.loads((model_dir / "config.json").read_text())
     tok = json.loads((model_dir / "tokenizer.json").read_text())
-    arch_name = arch or {"gemma3_text": "gemma3"}.get(config["model_type"], config["model_type"])
+    arch_name = arch or {"gemma3_text": "gemma3", "qwen3_5_text": "qwen35"}.get(
+        config["model_type"], config["model_type"]
+    )
     heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
     head_dim = config.get("head_dim") or config["hidden_size"] // heads
     writer = gguf.GGUFWriter(str(out), arch_name)
-    writer.add_block_count(config["num_hidden_layers"])
+    writer.add_block_count(config["num_hidden_layers"] + mtp_blocks)
+    if mtp_blocks:
+        writer.add_nextn_predict_layers(mtp_blocks)
     writer.add_context_length(config["max_position_embeddings"])
     writer.add_embedding_length(config["hidden_size"])
     lfm2 = arch_name == "lfm2"
@@ -295,6 +302,20 @@ def write_tiny_gguf(
     else:
         writer.add_feed_forward_length(config["intermediate_size"])
         writer.add_head_count_kv(kv_heads)
+    qwen35 = arch_name == "qwen35"
+    if qwen35:  # as llama.cpp's Qwen3.5 converter: DeltaNet's sizes as ssm.*
+        writer.add_ssm_conv_kernel(config["linear_conv_kernel_dim"])
+        writer.add_ssm_state_size(config["linear_key_head_dim"])
+        writer.add_ssm_group_count(config["linear_num_key_heads"])
+        writer.add_ssm_time_step_rank(config["linear_num_value_heads"])
+        v_size = config["linear_value_head_dim"] * config["linear_num_value_heads"]
+        writer.add_ssm_inner_size(v_size)
+        writer.add_full_attention_interval(4)
+        writer.add_array(
+            f"{arch_name}.attention.recurrent_layers",
+            [t == "linear_attention" for t in config["layer_types"]],
+        )
+        writer.add_rope_dimension_sections([11, 11, 10, 0])
     writer.add_head_count(heads)
     rope = config["rope_parameters"]
     writer.add_rope_freq_base(rope.get("full_attention", rope)["rope_theta"])
@@ -345,7 +366,15 @@ def write_tiny_gguf(
             values = values + 1.0  # llama.cpp's Gemma converter stores 1 + w
         elif lfm2 and "conv.conv" in name:
             values = values.squeeze(1)  # llama.cpp's LFM2 converter: the taps as a matrix
+        elif qwen35:
+            values = _qwen35_gguf_values(name, values, config)
         gguf_name = _gguf_name(name, arch_name)
+        attends = mtp_blocks and gguf_name.startswith("blk.") and "layer_types" in config
+        if attends and config["layer_types"][int(gguf_name.split(".")[1])] == "full_attention":
+            for extra in range(mtp_blocks):  # an MTP block: the attention layer's tensors again
+                layer = config["num_hidden_layers"] + extra
+                renamed = ".".join(["blk", str(layer), *gguf_name.split(".")[2:]])
+                raw_tensors.setdefault(renamed, (values, None))
         if gguf_name in raw_tensors:
             data, raw_type = raw_tensors.pop(gguf_name)
             writer.add_tensor(gguf_name, data, raw_dtype=raw_type)
@@ -427,12 +456,45 @@ def _llama3_rope_factors(rope: Mapping[str, Any], head_dim: int) -> np.ndarray:
     return np.array(factors, dtype=np.float32)
 
 
+def _qwen35_gguf_values(name: str, values: np.ndarray, config: Mapping[str, Any]) -> np.ndarray:
+    """What llama.cpp's Qwen3.5 converter stores for a tensor: 1 + w for every norm but
+    DeltaNet's, -exp(A_log), the taps as a matrix, and the value heads in tiled order (value
+    head v * k_heads + k holds the checkpoint's head k * per_key + v)."""
+    if name.endswith("norm.weight") and not name.endswith("linear_attn.norm.weight"):
+        return values + 1.0
+    if name.endswith(".A_log"):
+        values = -np.exp(values)
+    if "conv1d" in name:
+        values = values.squeeze(1)
+    if ".linear_attn." not in name:
+        return values
+    k_heads, v_heads = config["linear_num_key_heads"], config["linear_num_value_heads"]
+    per_key, k_size = v_heads // k_heads, k_heads * config["linear_key_head_dim"]
+
+    def tiled(x: np.ndarray, axis: int) -> np.ndarray:
+        x = np.moveaxis(x, axis, 0)
+        heads = x.reshape(k_heads, per_key, -1, *x.shape[1:]).swapaxes(0, 1)
+        return np.moveaxis(heads.reshape(x.shape), 0, axis)
+
+    if name.endswith(("in_proj_qkv.weight", "conv1d.weight")):  # the value rows only
+        return np.concatenate((values[: 2 * k_size], tiled(values[2 * k_size :], 0)))
+    if name.endswith("out_proj.weight"):
+        return tiled(values, 1)
+    if name.endswith("norm.weight"):  # one weight shared by every head
+        return values
+    return tiled(values, 0)  # z, b, a, A_log, dt_bias
+
+
 def _gguf_name(hf_name: str, arch: str = "llama") -> str:
-    if arch == "lfm2":  # the gguf package's own table, from the names LFM2 stores
+    if arch == "qwen35" and hf_name.endswith((".A_log", ".dt_bias")):  # no .weight of a module
+        layer = hf_name.split(".")[2]
+        return f"blk.{layer}.{'ssm_a' if hf_name.endswith('A_log') else 'ssm_dt.bias'}"
+    if arch in ("lfm2", "qwen35"):  # the gguf package's own table, from the names stored
         import gguf
 
         stem, kind = hf_name.rsplit(".", 1)
-        table = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LFM2, 64)
+        model_arch = gguf.MODEL_ARCH.LFM2 if arch == "lfm2" else gguf.MODEL_ARCH.QWEN35
+        table = gguf.get_tensor_name_map(model_arch, 64)
         return f"{table.get_name(stem)}.{kind}"
     if hf_name == "model.embed_tokens.weight":
         return "token_embd.weight"

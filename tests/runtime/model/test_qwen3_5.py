@@ -3,8 +3,8 @@ head, beside gated attention with rotary on a quarter of each head.
 
 Greedy tokens against transformers recomputing the whole sequence each step, with prompts cut
 into chunks, on torch and on nanoserve's kernels (q8); the checkpoint with a vision tower
-serves its language model; a preempted sequence recomputes its state; the prefix cache is off
-and speculation is refused in one line. Alone, batched, eager, bucketed, recorded and the
+serves its language model; llama.cpp's GGUF gives the checkpoint's tokens; a preempted sequence
+recomputes its state; the prefix cache is off and speculation is refused in one line. Alone, batched, eager, bucketed, recorded and the
 CUDA trace are in test_architectures.py with the other families."""
 
 from __future__ import annotations
@@ -183,3 +183,18 @@ def test_speculation_is_refused_in_one_line(qwen_dir: Path) -> None:
         match=r"^speculative decoding is not built for qwen3_5's recurrent state \(the model's\)",
     ):
         engine_of(qwen_dir, speculative=SpeculativeConfig())
+
+
+def test_its_gguf_gives_the_checkpoints_tokens_and_skips_the_mtp_block(
+    qwen_dir: Path, tmp_path: Path, write_tiny_gguf: Callable[..., Path]
+) -> None:
+    """llama.cpp's Qwen3.5 GGUF: value heads tiled, -exp(A_log), 1 + w norms, and an MTP block
+    after the text model's (its 11 tensors skipped and counted for the boot line)."""
+    path = write_tiny_gguf(qwen_dir, tmp_path / "qwen35.gguf", mtp_blocks=1)
+    checkpoint = load_checkpoint(path)
+    assert checkpoint.config.num_layers == 4
+    assert checkpoint.config.delta_net is not None and checkpoint.config.delta_net.tiled
+    assert checkpoint.skipped == {"MTP heads": 11}
+    expected, _ = greedy(engine_of(qwen_dir, max_num_batched_tokens=7), [PROMPT])
+    tokens, _ = greedy(engine_of(path, max_num_batched_tokens=7), [PROMPT])
+    assert tokens == expected

@@ -10,6 +10,7 @@ by one atomic rename of a finished temporary directory: a crash leaves no half-w
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -26,6 +27,7 @@ import torch
 
 from nanoserve.runtime.errors import WeightsError
 from nanoserve.runtime.loading.checkpoint import Checkpoint, load_checkpoint
+from nanoserve.runtime.loading.gguf_recurrent import grouped_value_heads
 from nanoserve.runtime.loading.hf_config import config_to_hf
 from nanoserve.runtime.loading.hf_names import family_name
 
@@ -40,7 +42,12 @@ def convert_gguf(gguf_path: str | os.PathLike[str], out_dir: str | os.PathLike[s
     checkpoint = load_checkpoint(gguf_path)
     if checkpoint.format != "gguf":
         raise WeightsError(gguf_path, "is not a .gguf file")
-    config = config_to_hf(checkpoint.config)  # first: a config with no config.json form is refused
+    model = checkpoint.config
+    if model.delta_net is not None:  # written with its value heads back in grouped order
+        model = dataclasses.replace(
+            model, delta_net=dataclasses.replace(model.delta_net, tiled=False)
+        )
+    config = config_to_hf(model)  # first: a config with no config.json form is refused
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     arch = checkpoint.config.architecture
@@ -54,12 +61,17 @@ def convert_gguf(gguf_path: str | os.PathLike[str], out_dir: str | os.PathLike[s
 
 
 def _hf_values(checkpoint: Checkpoint) -> Iterable[tuple[str, torch.Tensor]]:
-    """The tensors as transformers reads them: Gemma 3's GGUF norms hold 1 + w (llama.cpp's
-    converter added the 1); a config.json of gemma3_text implies it, so w is written."""
-    arch = checkpoint.config.architecture
-    shift = arch == "gemma3" and checkpoint.config.norm_offset == 0.0
+    """The tensors as transformers reads them: Gemma 3's and Qwen3.5's GGUF norms hold 1 + w
+    (llama.cpp's converter added the 1; DeltaNet's own norm excepted); a config.json of their
+    families implies it, so w is written. Qwen3.5's value heads go back to grouped order."""
+    config = checkpoint.config
+    arch = config.architecture
+    shift = arch in ("gemma3", "qwen3_5") and config.norm_offset == 0.0
     for name, tensor in checkpoint.tensors():
-        value = tensor - 1.0 if shift and name.endswith("norm.weight") else tensor
+        norm = name.endswith("norm.weight") and not name.endswith(".linear_attn.norm.weight")
+        value = tensor - 1.0 if shift and norm else tensor
+        if config.delta_net is not None:
+            value = grouped_value_heads(name, value, config.delta_net)
         yield family_name(arch, name), value  # LFM2's own names (hf_names.py)
 
 

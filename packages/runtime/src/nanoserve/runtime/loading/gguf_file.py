@@ -8,11 +8,9 @@ Three things differ from a Hugging Face checkpoint and are undone here, tensor b
   (per head, the two rotary halves interleaved) for its rotary kernel. Qwen2, Qwen3 and Gemma 3
   are converted without it.
 
-LFM2's converter stores its convolution taps as a [channels, taps] matrix (read back as Conv1d's
-[channels, 1, taps]) and says which layers convolve by giving them no K/V heads
-(`head_count_kv` per layer, 0 there). Gemma 3's converter also adds the 1 of its `(1 + w)` norms
-into the stored weights, so a GGUF's
-config says `norm_offset=0`; and llama.cpp fixes what the file does not store (the sliding
+A hybrid's recurrent layers (LFM2's convolutions, Qwen3.5's DeltaNet) are stored in their own
+names, shapes and values: gguf_recurrent.py. Gemma 3's and Qwen3.5's converters also add the 1
+of their `(1 + w)` norms into the stored weights, so a GGUF's config says `norm_offset=0`; and llama.cpp fixes what the file does not store (the sliding
 layers' rotary base 10000, every sixth layer global, SmolLM3's rotary-free fourth layers) as
 its loader does.
 
@@ -43,9 +41,19 @@ from nanoserve.runtime.errors import (
 from nanoserve.runtime.kernels import kernel_ops
 from nanoserve.runtime.loading.gguf_blocks import GgufBlocks
 from nanoserve.runtime.loading.gguf_reader import GgufReader, TensorInfo
+from nanoserve.runtime.loading.gguf_recurrent import (
+    LFM2_LAYER_NAMES,
+    MTP,
+    QWEN35_LAYER_NAMES,
+    QWEN35_WHOLE_NAMES,
+    hf_shape,
+    hf_values,
+    lfm2_short_conv,
+    qwen35_delta_net,
+    text_layers,
+)
 from nanoserve.runtime.loading.gguf_types import DEQUANTIZED_HERE, GGML_TYPES, GgmlType
 from nanoserve.runtime.loading.model_config import Architecture, ModelConfig
-from nanoserve.runtime.loading.recurrent_layers import ShortConvLayers
 from nanoserve.runtime.loading.rope import FreqFactors, LinearRope, LongRope
 from nanoserve.runtime.text.family_templates import family_template
 from nanoserve.runtime.text.tokenizer import Tokenizer
@@ -56,15 +64,17 @@ _GGUF_PACKAGE_TYPES = frozenset(
     | {"MXFP4", "TQ1_0", "TQ2_0"}
 )
 SUPPORTED_TYPES = DEQUANTIZED_HERE | _GGUF_PACKAGE_TYPES
-_ARCHITECTURES: tuple[Architecture, ...] = (
-    "llama",
-    "qwen2",
-    "qwen3",
-    "gemma3",
-    "smollm3",
-    "phi3",
-    "lfm2",
-)
+# GGUF's architecture name -> the family's
+_ARCHITECTURES: dict[str, Architecture] = {
+    "llama": "llama",
+    "qwen2": "qwen2",
+    "qwen3": "qwen3",
+    "gemma3": "gemma3",
+    "smollm3": "smollm3",
+    "phi3": "phi3",
+    "lfm2": "lfm2",
+    "qwen35": "qwen3_5",
+}
 _PERMUTED: tuple[Architecture, ...] = ("llama", "smollm3")  # Q/K rows interleaved per head
 _GLOBAL_NAMES = {
     "token_embd": "model.embed_tokens",
@@ -96,17 +106,13 @@ _PHI3_LAYER_NAMES = _LAYER_NAMES | {
     "attn_qkv": "self_attn.qkv_proj",
     "ffn_up": "mlp.gate_up_proj",
 }
-# LFM2's short convolutions (the taps stored as a [channels, taps] matrix).
-_LFM2_LAYER_NAMES = _LAYER_NAMES | {
-    "shortconv.in_proj": "conv.in_proj",
-    "shortconv.conv": "conv.conv",
-    "shortconv.out_proj": "conv.out_proj",
-}
 _LAYER_NAMES_BY_ARCH = {
     "gemma3": _GEMMA3_LAYER_NAMES,
     "phi3": _PHI3_LAYER_NAMES,
-    "lfm2": _LFM2_LAYER_NAMES,
+    "lfm2": _LAYER_NAMES | LFM2_LAYER_NAMES,
+    "qwen3_5": _LAYER_NAMES | QWEN35_LAYER_NAMES,
 }
+_WHOLE_NAMES_BY_ARCH = {"qwen3_5": QWEN35_WHOLE_NAMES}
 _ROPE_TENSORS = frozenset(
     {"rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight"}
 )
@@ -114,10 +120,14 @@ _GEMMA3_SLIDING_PATTERN = 6  # llama.cpp's: five sliding layers, then one global
 _GEMMA3_LOCAL_ROPE_THETA = 10000.0
 _SMOLLM3_NO_ROPE_INTERVAL = 4  # llama.cpp's: every fourth layer without rotary
 _LAYER_TENSOR = re.compile(r"blk\.(\d+)\.([\w.]+)\.(weight|bias)")
+_LAYER = re.compile(r"blk\.(\d+)\.(.+)")
 
 
 def hf_tensor_name(gguf_name: str, arch: str = "llama") -> str | None:
     """The Hugging Face name of a GGUF tensor, or None for one without an HF counterpart."""
+    whole = _WHOLE_NAMES_BY_ARCH.get(arch, {})
+    if (match := _LAYER.fullmatch(gguf_name)) and match.group(2) in whole:
+        return f"model.layers.{match.group(1)}.{whole[match.group(2)]}"
     if match := _LAYER_TENSOR.fullmatch(gguf_name):
         layer, part, kind = match.groups()
         names = _LAYER_NAMES_BY_ARCH.get(arch, _LAYER_NAMES)
@@ -135,21 +145,30 @@ class GgufFile:
     chat_template: str | None
     tensors: Mapping[str, TensorInfo] = field(repr=False)  # HF name -> the GGUF tensor
     reader: GgufReader = field(repr=False, compare=False)
+    # Parts of the file not loaded (Qwen3.5's MTP blocks): part -> its tensor count.
+    skipped: Mapping[str, int] = field(default_factory=dict)
 
     @classmethod
     def open(cls, path: Path) -> GgufFile:
         reader = GgufReader.open(path)
         metadata = reader.metadata
-        arch = metadata.get("general.architecture")
-        if arch not in _ARCHITECTURES:
+        stored_arch = metadata.get("general.architecture")
+        if stored_arch not in _ARCHITECTURES:
+            supported = ", ".join(_ARCHITECTURES)
             raise UnsupportedModelError(
-                path, f"GGUF architecture {arch!r} is not supported (supported: {_ARCHITECTURES})"
+                path, f"GGUF architecture {stored_arch!r} is not supported (supported: {supported})"
             )
+        arch = _ARCHITECTURES[stored_arch]
+        layers = text_layers(metadata, stored_arch)
         tensors: dict[str, TensorInfo] = {}
+        skipped: dict[str, int] = {}
         for tensor in reader.tensors.values():
-            name = hf_tensor_name(tensor.name, arch)
             if tensor.name in _ROPE_TENSORS:  # rotary scaling, read by _rope_scaling
                 continue
+            if (block := _LAYER.fullmatch(tensor.name)) and int(block.group(1)) >= layers:
+                skipped[MTP] = skipped.get(MTP, 0) + 1  # a multi-token-prediction block
+                continue
+            name = hf_tensor_name(tensor.name, arch)
             if name is None:
                 raise WeightsError(path, f"tensor {tensor.name!r} has no Hugging Face counterpart")
             kind = GGML_TYPES[tensor.type_id].name
@@ -163,8 +182,8 @@ class GgufFile:
             tensors[name] = tensor
         tokenizer = Tokenizer.from_gguf_metadata(metadata, source=str(path))
         gguf_names = frozenset(reader.tensors)
-        scaling = _rope_scaling(reader, arch, path)
-        config = _config(metadata, arch, gguf_names, tokenizer, path, scaling)
+        scaling = _rope_scaling(reader, stored_arch, path)
+        config = _config(metadata, arch, stored_arch, gguf_names, tokenizer, path, scaling)
         return cls(
             path=path,
             config=config,
@@ -173,10 +192,11 @@ class GgufFile:
             or family_template(arch, metadata.get("tokenizer.ggml.tokens") or ()),
             tensors=tensors,
             reader=reader,
+            skipped=skipped,
         )
 
     def tensor_shapes(self) -> dict[str, tuple[int, ...]]:
-        return {name: _hf_shape(name, t.shape) for name, t in self.tensors.items()}
+        return {name: hf_shape(name, t.shape) for name, t in self.tensors.items()}
 
     def tensor_type(self, name: str) -> GgmlType:
         return GGML_TYPES[self.tensors[name].type_id]
@@ -190,14 +210,14 @@ class GgufFile:
         for name in names:
             info = self.tensors[name]
             kind = GGML_TYPES[info.type_id].name
-            shape = _hf_shape(name, info.shape)
+            shape = hf_shape(name, info.shape)
             if kind in keep_blocks and len(shape) == 2:
                 order = self._row_order(name, shape[0])
                 rows = self.reader.tensor_rows(info)
                 release = lambda info=info: self.reader.release(info)  # noqa: E731
                 yield name, GgufBlocks(kind, rows, (shape[0], shape[1]), order, release)
                 continue
-            values = self._dequantize(info, kind).reshape(shape)
+            values = hf_values(name, self._dequantize(info, kind).reshape(shape))
             if self.config.architecture in _PERMUTED:
                 values = _unpermute_llama_rows(name, values, self.config)
             yield name, values
@@ -225,12 +245,6 @@ class GgufFile:
         return None if order is None or torch.equal(order, torch.arange(rows)) else order
 
 
-def _hf_shape(name: str, shape: tuple[int, ...]) -> tuple[int, ...]:
-    """A tensor's shape in Hugging Face layout: LFM2's taps as Conv1d holds them, [channels,
-    1, taps] (llama.cpp stores [channels, taps])."""
-    return (shape[0], 1, shape[1]) if name.endswith(".conv.conv.weight") else shape
-
-
 def _unpermute_llama_rows(name: str, tensor: torch.Tensor, config: ModelConfig) -> torch.Tensor:
     """Undo llama.cpp's Q/K row permutation (convert_hf_to_gguf.py `LlamaModel.permute`).
 
@@ -253,6 +267,7 @@ def _unpermute_llama_rows(name: str, tensor: torch.Tensor, config: ModelConfig) 
 def _config(
     metadata: Mapping[str, Any],
     arch: Architecture,
+    stored_arch: str,
     gguf_names: frozenset[str],
     tokenizer: Tokenizer,
     path: Path,
@@ -261,19 +276,22 @@ def _config(
     missing = object()
 
     def key(name: str, default: Any = missing) -> Any:
-        value = metadata.get(f"{arch}.{name}", default)
+        value = metadata.get(f"{stored_arch}.{name}", default)
         if value is missing:
-            raise ConfigError(path, f"GGUF metadata has no {arch}.{name!r}")
+            raise ConfigError(path, f"GGUF metadata has no {stored_arch}.{name!r}")
         return value
 
     hidden_size = int(key("embedding_length"))
     num_heads = int(key("attention.head_count"))
     num_kv_heads = key("attention.head_count_kv", num_heads)
     short_conv = None
+    num_layers = text_layers(metadata, stored_arch)
+    qwen3_5 = arch == "qwen3_5"
+    delta_net = qwen35_delta_net(key, num_layers, path) if qwen3_5 else None
     if isinstance(num_kv_heads, list):  # some files list it per layer
         if arch == "lfm2":  # none on a convolution layer
-            short_conv = _lfm2_short_conv(num_kv_heads, int(key("shortconv.l_cache")), gguf_names)
-            num_kv_heads = [n for n in num_kv_heads if n]
+            short_conv = lfm2_short_conv(num_kv_heads, int(key("shortconv.l_cache")), gguf_names)
+        num_kv_heads = [n for n in num_kv_heads[:num_layers] if n] or num_kv_heads
         if len(set(num_kv_heads)) != 1:
             raise UnsupportedModelError(path, f"per-layer head_count_kv {num_kv_heads} differs")
         num_kv_heads = num_kv_heads[0]
@@ -285,7 +303,6 @@ def _config(
         rope_scaling = LinearRope(float(key("rope.scaling.factor")))
     elif scaling not in ("none", "llama3"):  # llama3: the factors are the rope_freqs tensor
         raise UnsupportedModelError(path, f"{arch}.rope.scaling.type={scaling!r} is not supported")
-    num_layers = int(key("block_count"))
     window = key("attention.sliding_window", None) if arch in ("gemma3", "phi3") else None
     if window is not None and (not window or window >= int(key("context_length"))):
         window = None  # a window no narrower than the context is none
@@ -311,7 +328,7 @@ def _config(
             eos_token_ids=tokenizer.eos_token_ids,
             bos_token_id=tokenizer.bos_token_id,
             hidden_act="gelu_tanh" if gemma else "silu",
-            qk_norm=arch in ("qwen3", "gemma3", "lfm2"),
+            qk_norm=arch in ("qwen3", "gemma3", "lfm2", "qwen3_5"),
             sandwich_norm=gemma,
             embedding_multiplier=float(hidden_size) ** 0.5 if gemma else 1.0,
             # llama.cpp scales Gemma 3's queries by 1/sqrt(head_dim) (query_pre_attn_scalar is
@@ -330,16 +347,11 @@ def _config(
             else (),
             sliding_rope_theta=_GEMMA3_LOCAL_ROPE_THETA if gemma else None,
             short_conv=short_conv,
+            delta_net=delta_net,
+            attn_output_gate=qwen3_5,
         )
     except ConfigError as error:  # re-raised naming the file rather than the class
         raise ConfigError(path, error.problem) from None
-
-
-def _lfm2_short_conv(kv_heads: list[int], taps: int, gguf_names: frozenset[str]) -> ShortConvLayers:
-    """LFM2's convolution layers: those llama.cpp gives no K/V heads."""
-    layers = tuple(i for i, n in enumerate(kv_heads) if n == 0)
-    bias = bool(layers) and f"blk.{layers[0]}.shortconv.conv.bias" in gguf_names
-    return ShortConvLayers(layers=layers, kernel=taps, bias=bias)
 
 
 def _rope_scaling(reader: GgufReader, arch: str, path: Path) -> FreqFactors | LongRope | None:

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from nanoserve.runtime.loading.model_config import HF_ACTIVATIONS, HF_CLASS_NAMES, ModelConfig
+from nanoserve.runtime.loading.config_fields import HF_ACTIVATIONS
+from nanoserve.runtime.loading.model_config import HF_CLASS_NAMES, ModelConfig
 from nanoserve.runtime.loading.recurrent_layers import granite_to_hf, lfm2_to_hf, qwen3_5_to_hf
 from nanoserve.runtime.loading.rope import rope_to_hf
 

@@ -19,6 +19,17 @@ from dataclasses import dataclass, fields
 from typing import Any, Literal
 
 from nanoserve.runtime.errors import ConfigError, UnsupportedModelError
+from nanoserve.runtime.loading.config_fields import (
+    DEFAULT_MAX_POSITIONS,
+    DEFAULT_RMS_NORM_EPS,
+    Activation,
+    activation,
+    check_unbuilt_fields,
+    granite_number,
+    or_default,
+    qwen3_5_text_config,
+    token_ids,
+)
 from nanoserve.runtime.loading.layer_pattern import layer_types, no_rope_layers, sliding_window
 from nanoserve.runtime.loading.recurrent_layers import (
     DeltaNetLayers,
@@ -55,7 +66,6 @@ ARCHITECTURES: tuple[Architecture, ...] = (
     "qwen3_5",
     "granitemoehybrid",
 )
-Activation = Literal["silu", "gelu_tanh"]
 HF_CLASS_NAMES: dict[Architecture, str] = {
     "llama": "LlamaForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
@@ -75,20 +85,6 @@ HF_MODEL_TYPES: dict[str, Architecture] = {
     "gemma3_text": "gemma3",
     "qwen3_5_text": "qwen3_5",
 }
-# transformers' defaults for the fields a config.json may leave out
-_DEFAULT_MAX_POSITIONS: dict[Architecture, int] = {
-    "llama": 2048,
-    "qwen2": 32768,
-    "qwen3": 32768,
-    "mistral": 131072,
-    "gemma3": 131072,
-    "smollm3": 32768,
-    "phi3": 4096,
-    "lfm2": 128_000,
-    "qwen3_5": 32768,
-    "granitemoehybrid": 2048,
-}
-_DEFAULT_RMS_NORM_EPS = 1e-6
 
 
 @dataclass(frozen=True, slots=True)
@@ -307,31 +303,12 @@ class ModelConfig:
             )
         arch = HF_MODEL_TYPES[model_type]
         lfm2, qwen3_5, granite = arch == "lfm2", arch == "qwen3_5", arch == "granitemoehybrid"
-        if granite and config_json.get("num_local_experts", 8):
-            raise UnsupportedModelError(
-                source,
-                f"num_local_experts={config_json.get('num_local_experts', 8)}: Granite 4.0-H's"
-                " mixture of experts is not built (the dense Micro is)",
-            )
+        check_unbuilt_fields(arch, config_json, source)
         defaults = {
-            "max_position_embeddings": _DEFAULT_MAX_POSITIONS[arch],
-            "rms_norm_eps": config_json.get("norm_eps", 1e-5) if lfm2 else _DEFAULT_RMS_NORM_EPS,
+            "max_position_embeddings": DEFAULT_MAX_POSITIONS[arch],
+            "rms_norm_eps": config_json.get("norm_eps", 1e-5) if lfm2 else DEFAULT_RMS_NORM_EPS,
         }
-        act = config_json.get("hidden_activation" if arch == "gemma3" else "hidden_act")
-        act = act or ("gelu_pytorch_tanh" if arch == "gemma3" else "silu")
-        if act not in _ACTIVATIONS:
-            raise UnsupportedModelError(
-                source, f"hidden_act={act!r} (supported: {', '.join(_ACTIVATIONS)})"
-            )
-        if config_json.get("mlp_bias", False):
-            raise UnsupportedModelError(source, "mlp_bias=True is not supported")
-        for name in ("final_logit_softcapping", "attn_logit_softcapping"):
-            if config_json.get(name) is not None:
-                raise UnsupportedModelError(
-                    source, f"{name}={config_json[name]!r} is not supported"
-                )
-        if config_json.get("use_bidirectional_attention"):
-            raise UnsupportedModelError(source, "use_bidirectional_attention=True is not supported")
+        act = activation(arch, config_json, source)
 
         def field(name: str) -> Any:
             if name in config_json and config_json[name] is not None:
@@ -368,7 +345,7 @@ class ModelConfig:
                 else field("shared_intermediate_size" if granite else "intermediate_size"),
                 num_layers=num_layers,
                 num_heads=num_heads,
-                num_kv_heads=_or(config_json.get("num_key_value_heads"), num_heads),
+                num_kv_heads=or_default(config_json.get("num_key_value_heads"), num_heads),
                 head_dim=head_dim,
                 rope_theta=number(rope.theta, "rope_theta", source),
                 rope_scaling=rope.scaling,
@@ -381,9 +358,9 @@ class ModelConfig:
                 ),
                 attention_bias=arch == "qwen2" or bool(config_json.get("attention_bias", False)),
                 max_position_embeddings=field("max_position_embeddings"),
-                eos_token_ids=_token_ids(eos, "eos_token_id", source),
+                eos_token_ids=token_ids(eos, "eos_token_id", source),
                 bos_token_id=bos,
-                hidden_act=_ACTIVATIONS[act],
+                hidden_act=act,
                 qk_norm=arch in ("qwen3", "gemma3", "lfm2", "qwen3_5"),
                 sandwich_norm=gemma,
                 norm_offset=1.0 if gemma or qwen3_5 else 0.0,
@@ -412,44 +389,3 @@ class ModelConfig:
             )
         except ConfigError as error:  # re-raised naming the file rather than the class
             raise ConfigError(source, error.problem) from None
-
-
-_ACTIVATIONS: dict[str, Activation] = {
-    "silu": "silu",
-    "gelu_pytorch_tanh": "gelu_tanh",
-    "gelu_tanh": "gelu_tanh",
-}
-HF_ACTIVATIONS: dict[Activation, str] = {"silu": "silu", "gelu_tanh": "gelu_pytorch_tanh"}
-
-
-def granite_number(config_json: Mapping[str, Any], name: str, granite: bool, source: str) -> float:
-    """One of Granite's multipliers (1.0 for every other family, and where it leaves it out)."""
-    if not granite or config_json.get(name) is None:
-        return 1.0
-    return number(config_json[name], name, source)
-
-
-def qwen3_5_text_config(config_json: Mapping[str, Any], source: str) -> dict[str, Any]:
-    """The language model's config of a Qwen3.5 checkpoint with its vision tower (its
-    `text_config`, with the top level's token ids and tying where it leaves them out)."""
-    text = config_json.get("text_config")
-    if not isinstance(text, Mapping):
-        raise ConfigError(source, "model_type 'qwen3_5' without a text_config object")
-    merged = {"model_type": "qwen3_5_text", **text}
-    for name in ("tie_word_embeddings", "eos_token_id", "bos_token_id"):
-        if name not in merged and name in config_json:
-            merged[name] = config_json[name]
-    return merged
-
-
-def _or(value: Any, default: Any) -> Any:
-    return default if value is None else value
-
-
-def _token_ids(value: Any, name: str, source: str) -> tuple[int, ...]:
-    if value is None:
-        return ()
-    values = value if isinstance(value, list | tuple) else [value]
-    if any(type(v) is not int for v in values):
-        raise ConfigError(source, f"{name}={value!r} must be an integer or a list of integers")
-    return tuple(dict.fromkeys(values))  # de-duplicated, order kept

@@ -62,7 +62,9 @@ class ShortConvLayers:
 class DeltaNetLayers:
     """Qwen3.5's gated DeltaNet layers: which layers have one (in place of attention), the taps
     of the convolution before it, and its heads: `k_heads` query/key heads of `k_dim`, each
-    serving `v_heads // k_heads` value heads of `v_dim`."""
+    serving `v_heads // k_heads` value heads of `v_dim` — consecutive ones (grouped, as the
+    checkpoint), or with `tiled` every k_heads-th (value head h reads key head h mod k_heads:
+    the order llama.cpp's converter writes)."""
 
     layers: tuple[int, ...]
     kernel: int
@@ -70,6 +72,7 @@ class DeltaNetLayers:
     k_dim: int
     v_heads: int
     v_dim: int
+    tiled: bool = False
 
     @property
     def key_size(self) -> int:
@@ -259,6 +262,10 @@ def qwen3_5_delta_net(config_json: Mapping[str, Any], kinds: list[str]) -> Delta
 
 def qwen3_5_to_hf(delta: DeltaNetLayers, num_layers: int) -> dict[str, Any]:
     """The DeltaNet fields of a transformers 5 Qwen3.5 text config.json."""
+    if delta.tiled:  # the heads would need putting back in order, in every tensor
+        raise UnsupportedModelError(
+            "config", "Qwen3.5's value heads in llama.cpp's tiled order have no config.json form"
+        )
     return {
         "layer_types": [
             LINEAR_ATTENTION if i in delta.layers else "full_attention" for i in range(num_layers)

@@ -68,7 +68,10 @@ def delta_net(
     repeat = shape.v_heads // shape.k_heads  # each key head serves this many value heads
     q = _l2_normalise(q.reshape(tokens, shape.k_heads, shape.k_dim)) * shape.k_dim**-0.5
     k = _l2_normalise(k.reshape(tokens, shape.k_heads, shape.k_dim))
-    q, k = q.repeat_interleave(repeat, dim=1), k.repeat_interleave(repeat, dim=1)
+    if shape.tiled:  # value head h reads key head h mod k_heads (llama.cpp's order)
+        q, k = q.repeat(1, repeat, 1), k.repeat(1, repeat, 1)
+    else:  # value head h reads key head h // repeat (the checkpoint's order)
+        q, k = q.repeat_interleave(repeat, dim=1), k.repeat_interleave(repeat, dim=1)
     v = v.reshape(tokens, shape.v_heads, shape.v_dim)
     beta = whole_vectors(torch.sigmoid, b)  # [tokens, v_heads]
     g = weights.decay_rate * whole_vectors(F.softplus, a + weights.dt_bias)  # <= 0

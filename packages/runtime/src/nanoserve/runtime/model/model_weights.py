@@ -60,6 +60,22 @@ class ModelWeights:
     tied: bool  # the output projection is the embedding's (stored once in the file)
 
 
+def split_query_gate(both: Source, heads: int, head_dim: int) -> tuple[Source, Source]:
+    """Qwen3.5's query projection ([heads * 2 * head_dim, hidden]: each head's query rows, then
+    its gate's) as two: the queries' rows and the gates'. A GGUF's blocks stay blocks: each half
+    a copy of its rows' bytes, as stored."""
+    rows = torch.arange(heads * 2 * head_dim).reshape(heads, 2, head_dim)
+    query_rows, gate_rows = rows[:, 0].flatten(), rows[:, 1].flatten()
+    if isinstance(both, GgufBlocks):
+        order = both.order if both.order is not None else torch.arange(both.shape[0])
+        shape = (heads * head_dim, both.shape[1])
+        query = GgufBlocks(both.kind, both.rows.index_select(0, order[query_rows]), shape)
+        gate = GgufBlocks(both.kind, both.rows.index_select(0, order[gate_rows]), shape)
+        both.done()  # the file's pages: both halves are copied
+        return query, gate
+    return both[query_rows], both[gate_rows]
+
+
 def assemble_weights(
     config: ModelConfig,
     weights: dict[str, Source],
@@ -185,10 +201,11 @@ def assemble_weights(
         )
         attn_gate = None
         if config.attn_output_gate:  # each head's query rows, then its gate's: split in two
-            both = dense(source(f"{attn[0]}.weight"), dtype, device)
-            query, gate = both.unflatten(0, (config.num_heads, 2, config.head_dim)).unbind(1)
-            weights[f"{attn[0]}.weight"] = query.flatten(0, 1).contiguous()
-            attn_gate = make_linear([gate.flatten(0, 1).contiguous()], quantize, dtype, device)
+            query, gate = split_query_gate(
+                source(f"{attn[0]}.weight"), config.num_heads, config.head_dim
+            )
+            weights[f"{attn[0]}.weight"] = query
+            attn_gate = make_linear([gate], quantize, dtype, device)
         layers.append(
             LayerWeights(
                 qkv=linear(*(f"{a}.weight" for a in attn)),
