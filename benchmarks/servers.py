@@ -91,10 +91,12 @@ def start_nanoserve(flags: list[str], threads: int) -> Server:
 
 
 def nanoserve_reserved_mib(url: str) -> float:
-    """What nanoserve's K/V pool reserves (its plan's bytes): pages are resident only once
-    sequences have written them, so RSS counts the part a workload touched."""
-    pool = httpx.get(url + "/health", timeout=10).json()["kv_pool"]
-    return pool["total_bytes"] / 2**20
+    """What nanoserve's K/V pool reserves (its plan's bytes), and a hybrid's state pool: pages
+    are resident only once sequences have written them, so RSS counts the part a workload
+    touched."""
+    health = httpx.get(url + "/health", timeout=10).json()
+    state = health.get("state_pool") or {}
+    return (health["kv_pool"]["total_bytes"] + state.get("state_total_bytes", 0)) / 2**20
 
 
 def rss_mib(process: subprocess.Popen) -> float:

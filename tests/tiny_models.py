@@ -20,6 +20,7 @@ import numpy as np
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
+from benchmarks.shape_gguf import random_blocks
 from nanoserve.runtime.loading.model_config import ModelConfig
 
 if TYPE_CHECKING:
@@ -393,45 +394,6 @@ def write_tiny_gguf(
     writer.write_tensors_to_file()
     writer.close()
     return out
-
-
-# The fp16 fields of each block type (byte offsets in a block): scales that must be finite.
-_FP16_FIELDS: dict[str, tuple[int, ...]] = {
-    "Q4_0": (0,),
-    "Q4_1": (0, 2),
-    "Q5_0": (0,),
-    "Q5_1": (0, 2),
-    "Q8_0": (0,),
-    "Q2_K": (80, 82),
-    "Q3_K": (108,),
-    "Q4_K": (0, 2),
-    "Q5_K": (0, 2),
-    "Q6_K": (208,),
-    "IQ4_NL": (0,),
-    "IQ4_XS": (0,),
-}
-
-
-def random_blocks(kind: str, rows: int, cols: int, seed: int, scale: float = 0.01) -> np.ndarray:
-    """A [rows, cols] tensor as valid GGUF bytes of type `kind` ([rows, bytes per row] uint8):
-    random bytes, every fp16 scale finite (N(0, scale^2)). The `gguf` package dequantizes every
-    such block but quantizes only a few types, so kernels are tested on blocks like these."""
-    import gguf
-
-    rng = np.random.default_rng(seed)
-    if kind in ("F32", "F16", "BF16"):
-        values = (rng.standard_normal((rows, cols)) * scale * 4).astype(np.float32)
-        if kind == "F16":
-            return values.astype(np.float16).view(np.uint8)
-        if kind == "BF16":
-            return (values.view(np.uint32) >> 16).astype(np.uint16).view(np.uint8)
-        return values.view(np.uint8)
-    block, nbytes = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[kind]]
-    blocks = rng.integers(0, 256, (rows, cols // block, nbytes), dtype=np.uint8)
-    for at in _FP16_FIELDS[kind]:
-        halves = (rng.standard_normal(blocks.shape[:2]) * scale).astype(np.float16)
-        blocks[..., at : at + 2] = halves[..., None].view(np.uint8)
-    return blocks.reshape(rows, -1)
 
 
 def _llama3_rope_factors(rope: Mapping[str, Any], head_dim: int) -> np.ndarray:

@@ -173,7 +173,7 @@ async def test_an_lfm2_gguf_is_served_with_its_state_on_health(tmp_path: Path) -
             "sink_state_slot": 4,
             "state_bytes_per_slot": 3 * 64 * 2 * 4,  # three conv layers' [64, 2] windows
             "state_total_bytes": 5 * 3 * 64 * 2 * 4,
-            "layers": 3,
+            "tensors": 3,  # one window a layer
             "state_slots_in_use": 0,
         }
         assert health["kv_pool"]["num_layers"] == 1
