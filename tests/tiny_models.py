@@ -282,9 +282,11 @@ def write_tiny_gguf(
 
     config = json.loads((model_dir / "config.json").read_text())
     tok = json.loads((model_dir / "tokenizer.json").read_text())
-    arch_name = arch or {"gemma3_text": "gemma3", "qwen3_5_text": "qwen35"}.get(
-        config["model_type"], config["model_type"]
-    )
+    arch_name = arch or {
+        "gemma3_text": "gemma3",
+        "qwen3_5_text": "qwen35",
+        "granitemoehybrid": "granitehybrid",
+    }.get(config["model_type"], config["model_type"])
     heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
     head_dim = config.get("head_dim") or config["hidden_size"] // heads
     writer = gguf.GGUFWriter(str(out), arch_name)
@@ -302,7 +304,23 @@ def write_tiny_gguf(
         writer.add_shortconv_l_cache(config["conv_L_cache"])
     else:
         writer.add_feed_forward_length(config["intermediate_size"])
+    granite = arch_name == "granitehybrid"
+    if not lfm2 and not granite:
         writer.add_head_count_kv(kv_heads)
+    if granite:  # as llama.cpp's Granite hybrid converter: Mamba2's sizes as ssm.*
+        mamba = [t == "linear_attention" for t in config["layer_types"]]
+        writer.add_head_count_kv([0 if m else kv_heads for m in mamba])
+        writer.add_expert_shared_feed_forward_length(config["shared_intermediate_size"])
+        writer.add_ssm_conv_kernel(config["mamba_d_conv"])
+        writer.add_ssm_state_size(config["mamba_d_state"])
+        writer.add_ssm_group_count(config["mamba_n_groups"])
+        writer.add_ssm_inner_size(config["mamba_expand"] * config["hidden_size"])
+        writer.add_ssm_time_step_rank(config["mamba_n_heads"])
+        writer.add_attention_scale(config["attention_multiplier"])
+        writer.add_embedding_scale(config["embedding_multiplier"])
+        writer.add_residual_scale(config["residual_multiplier"])
+        writer.add_logit_scale(config["logits_scaling"])
+        writer.add_rope_scaling_finetuned(config.get("position_embedding_type") == "rope")
     qwen35 = arch_name == "qwen35"
     if qwen35:  # as llama.cpp's Qwen3.5 converter: DeltaNet's sizes as ssm.*
         writer.add_ssm_conv_kernel(config["linear_conv_kernel_dim"])
@@ -357,6 +375,17 @@ def write_tiny_gguf(
         for kind in ("long", "short"):
             factors = np.array(rope[f"{kind}_factor"], dtype=np.float32)
             raw_tensors.setdefault(f"rope_factors_{kind}.weight", (factors, None))
+
+    def put(gguf_name: str, values: np.ndarray) -> None:
+        if gguf_name in raw_tensors:
+            data, raw_type = raw_tensors.pop(gguf_name)
+            writer.add_tensor(gguf_name, data, raw_dtype=raw_type)
+        # norms, biases and the taps (a few to a row, no block) stay F32
+        elif values.ndim == 1 or qtype == gguf.GGMLQuantizationType.F32 or values.shape[-1] < 32:
+            writer.add_tensor(gguf_name, values)
+        else:
+            writer.add_tensor(gguf_name, gguf.quants.quantize(values, qtype), raw_dtype=qtype)
+
     for name, tensor in load_file(model_dir / "model.safetensors").items():
         values = tensor.float().numpy()
         if arch_name in ("llama", "smollm3") and ".q_proj." in name:
@@ -369,6 +398,17 @@ def write_tiny_gguf(
             values = values.squeeze(1)  # llama.cpp's LFM2 converter: the taps as a matrix
         elif qwen35:
             values = _qwen35_gguf_values(name, values, config)
+        elif granite:
+            values = _granite_gguf_values(name, values, config)
+            if ".shared_mlp.input_linear." in name:  # split, as llama.cpp's converter does
+                gate, up = np.split(values, 2)
+                prefix = name.split(".shared_mlp.")[0]
+                for part, half in (("gate", gate), ("up", up)):
+                    put(_gguf_name(f"{prefix}.mlp.{part}_proj.weight", arch_name), half)
+                continue
+            if ".shared_mlp.output_linear." in name:  # ffn_down without experts, not _shexp
+                put(f"blk.{name.split('.')[2]}.ffn_down.weight", values)
+                continue
         gguf_name = _gguf_name(name, arch_name)
         attends = mtp_blocks and gguf_name.startswith("blk.") and "layer_types" in config
         if attends and config["layer_types"][int(gguf_name.split(".")[1])] == "full_attention":
@@ -376,14 +416,7 @@ def write_tiny_gguf(
                 layer = config["num_hidden_layers"] + extra
                 renamed = ".".join(["blk", str(layer), *gguf_name.split(".")[2:]])
                 raw_tensors.setdefault(renamed, (values, None))
-        if gguf_name in raw_tensors:
-            data, raw_type = raw_tensors.pop(gguf_name)
-            writer.add_tensor(gguf_name, data, raw_dtype=raw_type)
-        # norms, biases and LFM2's taps (3 to a row, no block) stay F32
-        elif values.ndim == 1 or qtype == gguf.GGMLQuantizationType.F32 or values.shape[-1] < 32:
-            writer.add_tensor(gguf_name, values)
-        else:
-            writer.add_tensor(gguf_name, gguf.quants.quantize(values, qtype), raw_dtype=qtype)
+        put(gguf_name, values)
     for gguf_name, (data, raw_type) in raw_tensors.items():  # extra tensors
         if raw_type is None:
             writer.add_tensor(gguf_name, data)
@@ -418,6 +451,24 @@ def _llama3_rope_factors(rope: Mapping[str, Any], head_dim: int) -> np.ndarray:
     return np.array(factors, dtype=np.float32)
 
 
+def _granite_gguf_values(name: str, values: np.ndarray, config: Mapping[str, Any]) -> np.ndarray:
+    """What llama.cpp's Granite hybrid converter stores: Q and K rows permuted as Llama's,
+    -exp(A_log) and D as [heads, 1], the norm as [groups, width], the taps as a matrix."""
+    if ".q_proj." in name:
+        return llamacpp_permute(values, config["num_attention_heads"])
+    if ".k_proj." in name:
+        return llamacpp_permute(values, config["num_key_value_heads"])
+    if name.endswith(".A_log"):
+        return -np.exp(values)[:, None]
+    if name.endswith(".D"):
+        return values[:, None]
+    if name.endswith(".mamba.norm.weight"):
+        return values.reshape(config["mamba_n_groups"], -1)
+    if "conv1d.weight" in name:
+        return values.squeeze(1)
+    return values
+
+
 def _qwen35_gguf_values(name: str, values: np.ndarray, config: Mapping[str, Any]) -> np.ndarray:
     """What llama.cpp's Qwen3.5 converter stores for a tensor: 1 + w for every norm but
     DeltaNet's, -exp(A_log), the taps as a matrix, and the value heads in tiled order (value
@@ -447,16 +498,19 @@ def _qwen35_gguf_values(name: str, values: np.ndarray, config: Mapping[str, Any]
     return tiled(values, 0)  # z, b, a, A_log, dt_bias
 
 
+_WHOLE_GGUF_NAMES = {".A_log": "ssm_a", ".D": "ssm_d", ".dt_bias": "ssm_dt.bias"}
+_GGUF_ARCHS = {"lfm2": "LFM2", "qwen35": "QWEN35", "granitehybrid": "GRANITE_HYBRID"}
+
+
 def _gguf_name(hf_name: str, arch: str = "llama") -> str:
-    if arch == "qwen35" and hf_name.endswith((".A_log", ".dt_bias")):  # no .weight of a module
-        layer = hf_name.split(".")[2]
-        return f"blk.{layer}.{'ssm_a' if hf_name.endswith('A_log') else 'ssm_dt.bias'}"
-    if arch in ("lfm2", "qwen35"):  # the gguf package's own table, from the names stored
+    whole = next((v for k, v in _WHOLE_GGUF_NAMES.items() if hf_name.endswith(k)), None)
+    if arch in ("qwen35", "granitehybrid") and whole:  # no .weight of a module
+        return f"blk.{hf_name.split('.')[2]}.{whole}"
+    if arch in _GGUF_ARCHS:  # the gguf package's own table, from the names stored
         import gguf
 
         stem, kind = hf_name.rsplit(".", 1)
-        model_arch = gguf.MODEL_ARCH.LFM2 if arch == "lfm2" else gguf.MODEL_ARCH.QWEN35
-        table = gguf.get_tensor_name_map(model_arch, 64)
+        table = gguf.get_tensor_name_map(gguf.MODEL_ARCH[_GGUF_ARCHS[arch]], 64)
         return f"{table.get_name(stem)}.{kind}"
     if hf_name == "model.embed_tokens.weight":
         return "token_embd.weight"

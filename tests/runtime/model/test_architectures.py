@@ -1,7 +1,8 @@
 """The newer families as deltas on one forward (Qwen3's q/k norms, Gemma 3's sandwich norms,
 GeGLU, scaled embedding and sliding-window layers with their own rotary base, SmolLM3's layers
-without rotary): each against transformers' own class, from a Hugging Face directory and from
-the GGUF llama.cpp's converter would write; then through the engine, alone and batched,
+without rotary; the hybrids LFM2, Qwen3.5 and Granite 4.0-H with their recurrent state): each
+against transformers' own class, from a Hugging Face directory and from the GGUF llama.cpp's
+converter would write; then through the engine, alone and batched,
 eager, bucketed and recorded, on torch and on nanoserve's kernels. The tiny Gemma slides over
 4 tokens, so every prompt and generation here crosses its window."""
 
@@ -24,8 +25,11 @@ from nanoserve.runtime.model.llama import LlamaModel
 from tests.runtime.capture_helpers import PROMPTS, run_joining_workload
 from tests.runtime.paged_logits import paged_logits, rel_error
 
-ARCHS = ["qwen3", "gemma3", "smollm3", "phi3", "lfm2", "qwen3_5"]  # each from its GGUF too
-HF_ONLY_ARCHS = ["granitemoehybrid"]  # a family whose GGUF form is not read yet
+ARCHS = ["qwen3", "gemma3", "smollm3", "phi3", "lfm2", "qwen3_5", "granitemoehybrid"]
+# Granite's Mamba2 state sums dt * x * B^T over the prompt, and the random tiny model's large dt
+# carries the int8 activations' rounding along: measured 0.02 at its first token, 0.05-0.23 later
+# (0.13 over the prompt), every argmax equal. Every other family stays under 0.1.
+ACTIVATION_GAP = {"granitemoehybrid": 0.2}
 PROMPT = [5, 17, 3, 99, 250, 31, 7, 7, 7, 120, 64, 8, 200, 2, 11, 13, 17, 19, 23, 29, 31, 37]
 
 
@@ -45,15 +49,6 @@ def reference_logits(arch_dir: Path) -> torch.Tensor:
     reference = transformers.AutoModelForCausalLM.from_pretrained(arch_dir).eval()
     with torch.no_grad():
         return reference(torch.tensor([PROMPT])).logits[0]  # [tokens, vocab]
-
-
-@pytest.fixture(scope="module", params=ARCHS + HF_ONLY_ARCHS)
-def any_arch_dir(
-    request: pytest.FixtureRequest,
-    tmp_path_factory: pytest.TempPathFactory,
-    make_tiny_model_dir: Callable[..., Path],
-) -> Path:
-    return make_tiny_model_dir(tmp_path_factory.mktemp(request.param), arch=request.param)
 
 
 def model_of(checkpoint: Checkpoint, quantize: str | None = None) -> LlamaModel:
@@ -109,7 +104,7 @@ def test_kernels_agree_with_torch_on_the_same_blocks(
     path = write_tiny_gguf(arch_dir, tmp_path / "q8.gguf", qtype=GGMLQuantizationType.Q8_0)
     torch_ops = paged_logits(model_of(load_checkpoint(path)), PROMPT)
     kernels = paged_logits(model_of(load_checkpoint(path), quantize="gguf"), PROMPT)
-    assert rel_error(kernels, torch_ops) < 0.1
+    assert rel_error(kernels, torch_ops) < ACTIVATION_GAP.get(arch_dir.name.split("-")[0], 0.1)
     assert (kernels.argmax(-1) == torch_ops.argmax(-1)).float().mean() >= 0.85
 
 
@@ -145,23 +140,23 @@ def alone(model_dir: Path, quantize: str | None) -> dict[str, list[int]]:
 
 @pytest.mark.parametrize("quantize", [None, "q8"])
 def test_alone_batched_eager_bucketed_and_recorded_agree(
-    any_arch_dir: Path, quantize: str | None
+    arch_dir: Path, quantize: str | None
 ) -> None:
     """Requests join and leave mid-run while generations cross the window: a row's tokens are
     the same alone and batched, in every decode mode."""
-    eager = run_joining_workload(tiny_engine(any_arch_dir, quantize))
+    eager = run_joining_workload(tiny_engine(arch_dir, quantize))
     assert sum(len(t) for t in eager.values()) == 6 + 15 + 24 + 20 + 20
     for mode in ("bucketed", "recorded"):
-        recorded = run_joining_workload(tiny_engine(any_arch_dir, quantize, decode_mode=mode))
+        recorded = run_joining_workload(tiny_engine(arch_dir, quantize, decode_mode=mode))
         assert recorded == eager
-    assert alone(any_arch_dir, quantize) == eager
+    assert alone(arch_dir, quantize) == eager
 
 
-def test_the_warm_list_traces_clean_as_cuda(any_arch_dir: Path) -> None:
+def test_the_warm_list_traces_clean_as_cuda(arch_dir: Path) -> None:
     """Mixed layers (windows, two rotary bases, rotary-free layers, head norms, a hybrid's
     state reads and writes) bring no host tensor and no value-dependent shape into the
     recorded step."""
-    config = load_checkpoint(any_arch_dir).config
+    config = load_checkpoint(arch_dir).config
     shapes = (Shape(1, 8), Shape(4, 64), Shape(8, 128))
     trace = trace_recorded_steps(config, shapes, max_batch=8, max_model_len=256)
     assert trace.shapes == shapes

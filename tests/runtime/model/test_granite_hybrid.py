@@ -1,9 +1,9 @@
 """Granite 4.0-H: Mamba2 layers carrying a convolution window and a state per head, beside
 attention without rotary, with its embedding, residual, attention and logit multipliers.
 
-Greedy tokens and logits against transformers, with prompts cut into chunks; a preempted
-sequence recomputes its state; the prefix cache is off and speculation is refused in one line;
-the mixture-of-experts sizes are refused at load. Alone, batched, eager, bucketed, recorded (on
+Greedy tokens and logits against transformers, with prompts cut into chunks; llama.cpp's GGUF
+gives the checkpoint's tokens; a preempted sequence recomputes its state; the prefix cache is
+off and speculation is refused in one line; the mixture-of-experts sizes are refused at load. Alone, batched, eager, bucketed, recorded (on
 torch and on nanoserve's kernels) and the CUDA trace are in test_architectures.py."""
 
 from __future__ import annotations
@@ -115,3 +115,22 @@ def test_the_experts_are_refused_at_load(
     moe = make_tiny_model_dir(tmp_path, arch=ARCH, num_local_experts=4, num_experts_per_tok=2)
     with pytest.raises(UnsupportedModelError, match=r"num_local_experts=4: Granite 4.0-H's mix"):
         load_checkpoint(moe)
+
+
+def test_its_gguf_gives_the_checkpoints_tokens(
+    granite_dir: Path, tmp_path: Path, write_tiny_gguf: Callable[..., Path]
+) -> None:
+    """llama.cpp's Granite hybrid GGUF: the shared MLP split, Q and K rows permuted,
+    -exp(A_log) and D as columns, the norm by group, the multipliers as *_scale, no rotary."""
+    path = write_tiny_gguf(granite_dir, tmp_path / "granitehybrid.gguf")
+    config = load_checkpoint(path).config
+    assert config.mamba == load_checkpoint(granite_dir).config.mamba
+    assert (config.residual_multiplier, config.logits_scaling, config.attention_scale) == (
+        0.5,
+        4.0,
+        pytest.approx(0.2),  # stored as float32
+    )
+    assert config.no_rope_layers == (0, 1, 2, 3) and not config.fused_mlp
+    expected, _ = greedy(engine_of(granite_dir, max_num_batched_tokens=7), [PROMPT])
+    tokens, _ = greedy(engine_of(path, max_num_batched_tokens=7), [PROMPT])
+    assert tokens == expected

@@ -47,12 +47,19 @@ def convert_gguf(gguf_path: str | os.PathLike[str], out_dir: str | os.PathLike[s
         model = dataclasses.replace(
             model, delta_net=dataclasses.replace(model.delta_net, tiled=False)
         )
+    fuse = model.architecture == "granitemoehybrid" and not model.fused_mlp
+    if fuse:  # written with gate and up as one, as Granite's checkpoints hold them
+        model = dataclasses.replace(model, fused_mlp=True)
     config = config_to_hf(model)  # first: a config with no config.json form is refused
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     arch = checkpoint.config.architecture
-    shapes = {family_name(arch, name): shape for name, shape in checkpoint.tensor_shapes().items()}
-    _write_safetensors(out / "model.safetensors", shapes, _hf_values(checkpoint))
+    shapes, values = checkpoint.tensor_shapes(), _hf_values(checkpoint)
+    if fuse:
+        shapes, values = _fused_mlp_shapes(shapes), _fused_mlp_values(values)
+    shapes = {family_name(arch, name): shape for name, shape in shapes.items()}
+    named = ((family_name(arch, name), value) for name, value in values)  # LFM2's own names
+    _write_safetensors(out / "model.safetensors", shapes, named)
     _write_json(out / "config.json", config)
     (out / "tokenizer.json").write_text(checkpoint.tokenizer.to_json(), encoding="utf-8")
     _write_json(out / "tokenizer_config.json", _tokenizer_config(checkpoint))
@@ -72,7 +79,35 @@ def _hf_values(checkpoint: Checkpoint) -> Iterable[tuple[str, torch.Tensor]]:
         value = tensor - 1.0 if shift and norm else tensor
         if config.delta_net is not None:
             value = grouped_value_heads(name, value, config.delta_net)
-        yield family_name(arch, name), value  # LFM2's own names (hf_names.py)
+        yield name, value
+
+
+def _fused_mlp_shapes(shapes: Mapping[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
+    """Each layer's gate_proj and up_proj as one gate_up_proj, where the gate was."""
+    fused: dict[str, tuple[int, ...]] = {}
+    for name, shape in shapes.items():
+        if name.endswith(".mlp.gate_proj.weight"):
+            fused[name.replace(".gate_proj.", ".gate_up_proj.")] = (2 * shape[0], *shape[1:])
+        elif not name.endswith(".mlp.up_proj.weight"):
+            fused[name] = shape
+    return fused
+
+
+def _fused_mlp_values(
+    values: Iterable[tuple[str, torch.Tensor]],
+) -> Iterable[tuple[str, torch.Tensor]]:
+    """The tensors with each gate_proj held until its up_proj (the next MLP tensor) and
+    yielded as one gate_up_proj, gate rows first."""
+    gate: torch.Tensor | None = None
+    for name, value in values:
+        if name.endswith(".mlp.gate_proj.weight"):
+            gate = value
+        elif name.endswith(".mlp.up_proj.weight"):
+            assert gate is not None  # expected_tensor_shapes lists gate right before up
+            yield name.replace(".up_proj.", ".gate_up_proj."), torch.cat((gate, value))
+            gate = None
+        else:
+            yield name, value
 
 
 def cached_conversion(

@@ -42,10 +42,13 @@ from nanoserve.runtime.kernels import kernel_ops
 from nanoserve.runtime.loading.gguf_blocks import GgufBlocks
 from nanoserve.runtime.loading.gguf_reader import GgufReader, TensorInfo
 from nanoserve.runtime.loading.gguf_recurrent import (
+    GRANITE_LAYER_NAMES,
+    GRANITE_WHOLE_NAMES,
     LFM2_LAYER_NAMES,
     MTP,
     QWEN35_LAYER_NAMES,
     QWEN35_WHOLE_NAMES,
+    granite_mamba,
     hf_shape,
     hf_values,
     lfm2_short_conv,
@@ -74,8 +77,10 @@ _ARCHITECTURES: dict[str, Architecture] = {
     "phi3": "phi3",
     "lfm2": "lfm2",
     "qwen35": "qwen3_5",
+    "granitehybrid": "granitemoehybrid",
 }
-_PERMUTED: tuple[Architecture, ...] = ("llama", "smollm3")  # Q/K rows interleaved per head
+# Q/K rows interleaved per head
+_PERMUTED: tuple[Architecture, ...] = ("llama", "smollm3", "granitemoehybrid")
 _GLOBAL_NAMES = {
     "token_embd": "model.embed_tokens",
     "output_norm": "model.norm",
@@ -111,8 +116,9 @@ _LAYER_NAMES_BY_ARCH = {
     "phi3": _PHI3_LAYER_NAMES,
     "lfm2": _LAYER_NAMES | LFM2_LAYER_NAMES,
     "qwen3_5": _LAYER_NAMES | QWEN35_LAYER_NAMES,
+    "granitemoehybrid": _LAYER_NAMES | GRANITE_LAYER_NAMES,
 }
-_WHOLE_NAMES_BY_ARCH = {"qwen3_5": QWEN35_WHOLE_NAMES}
+_WHOLE_NAMES_BY_ARCH = {"qwen3_5": QWEN35_WHOLE_NAMES, "granitemoehybrid": GRANITE_WHOLE_NAMES}
 _ROPE_TENSORS = frozenset(
     {"rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight"}
 )
@@ -288,9 +294,13 @@ def _config(
     num_layers = text_layers(metadata, stored_arch)
     qwen3_5 = arch == "qwen3_5"
     delta_net = qwen35_delta_net(key, num_layers, path) if qwen3_5 else None
+    granite = arch == "granitemoehybrid"
+    mamba = None
     if isinstance(num_kv_heads, list):  # some files list it per layer
         if arch == "lfm2":  # none on a convolution layer
             short_conv = lfm2_short_conv(num_kv_heads, int(key("shortconv.l_cache")), gguf_names)
+        if granite:  # none on a Mamba2 layer
+            mamba = granite_mamba(key, num_kv_heads[:num_layers], gguf_names)
         num_kv_heads = [n for n in num_kv_heads[:num_layers] if n] or num_kv_heads
         if len(set(num_kv_heads)) != 1:
             raise UnsupportedModelError(path, f"per-layer head_count_kv {num_kv_heads} differs")
@@ -312,7 +322,12 @@ def _config(
             architecture=arch,
             vocab_size=int(key("vocab_size", len(metadata["tokenizer.ggml.tokens"]))),
             hidden_size=hidden_size,
-            intermediate_size=int(key("feed_forward_length")),
+            # Granite's dense MLP is its "shared expert": its width is stored as such
+            intermediate_size=int(
+                key("expert_shared_feed_forward_length")
+                if granite and key("expert_shared_feed_forward_length", None)
+                else key("feed_forward_length")
+            ),
             num_layers=num_layers,
             num_heads=num_heads,
             num_kv_heads=int(num_kv_heads),
@@ -330,15 +345,17 @@ def _config(
             hidden_act="gelu_tanh" if gemma else "silu",
             qk_norm=arch in ("qwen3", "gemma3", "lfm2", "qwen3_5"),
             sandwich_norm=gemma,
-            embedding_multiplier=float(hidden_size) ** 0.5 if gemma else 1.0,
+            embedding_multiplier=float(hidden_size) ** 0.5
+            if gemma
+            else float(key("embedding_scale", 1.0)),
             # llama.cpp scales Gemma 3's queries by 1/sqrt(head_dim) (query_pre_attn_scalar is
             # head_dim for every size but 27B, which llama.cpp special-cases the same way)
-            query_scale=head_dim**-0.5 if gemma else None,
-            no_rope_layers=tuple(
-                i for i in range(num_layers) if (i + 1) % _SMOLLM3_NO_ROPE_INTERVAL == 0
-            )
-            if arch == "smollm3"
-            else (),
+            query_scale=head_dim**-0.5
+            if gemma
+            else float(key("attention.scale"))
+            if granite and key("attention.scale", None)
+            else None,
+            no_rope_layers=_no_rope_layers(arch, num_layers, key),
             sliding_window=None if window is None else int(window),
             sliding_layers=tuple(
                 i for i in range(num_layers) if not gemma or (i + 1) % _GEMMA3_SLIDING_PATTERN
@@ -349,9 +366,23 @@ def _config(
             short_conv=short_conv,
             delta_net=delta_net,
             attn_output_gate=qwen3_5,
+            mamba=mamba,
+            residual_multiplier=float(key("residual_scale", 1.0)) if granite else 1.0,
+            logits_scaling=float(key("logit_scale", 1.0)) if granite else 1.0,
+            fused_mlp=arch == "phi3",  # llama.cpp splits Granite's shared MLP in two
         )
     except ConfigError as error:  # re-raised naming the file rather than the class
         raise ConfigError(path, error.problem) from None
+
+
+def _no_rope_layers(arch: str, num_layers: int, key: Any) -> tuple[int, ...]:
+    """SmolLM3's every fourth layer; every layer of a Granite hybrid whose file says its rotary
+    is not used (`rope.scaling.finetuned` false, as the converter writes for a hybrid)."""
+    if arch == "smollm3":
+        return tuple(i for i in range(num_layers) if (i + 1) % _SMOLLM3_NO_ROPE_INTERVAL == 0)
+    if arch == "granitemoehybrid" and not key("rope.scaling.finetuned", True):
+        return tuple(range(num_layers))
+    return ()
 
 
 def _rope_scaling(reader: GgufReader, arch: str, path: Path) -> FreqFactors | LongRope | None:

@@ -1,6 +1,14 @@
 """A hybrid's recurrent layers as llama.cpp's converters store them in a GGUF: their tensors'
 names, shapes and values, and which layers they are.
 
+Granite 4.0-H (`granitehybrid`): Mamba2's projections as `ssm_in`/`ssm_out`, its taps as
+`ssm_conv1d` (a matrix, with its bias), `dt_bias` as `ssm_dt.bias`, A as `ssm_a` holding
+-exp(A_log) and D as `ssm_d` (each [heads, 1]), its norm as `ssm_norm` ([groups, width]); the
+shared MLP split into `ffn_gate`/`ffn_up`/`ffn_down`, the attention's Q and K rows permuted as
+Llama's, its multipliers as `attention.scale`, `embedding_scale`, `residual_scale` and
+`logit_scale`, and rotary used only where `rope.scaling.finetuned` says so (never, for a
+hybrid). Its Mamba2 layers are the ones given no K/V heads.
+
 LFM2 (`lfm2`): the short convolution's taps as a [channels, taps] matrix (Conv1d holds
 [channels, 1, taps]); its convolution layers are the ones given no K/V heads (`head_count_kv`
 per layer, 0 there).
@@ -26,7 +34,7 @@ from typing import Any
 import torch
 
 from nanoserve.runtime.errors import ConfigError
-from nanoserve.runtime.loading.recurrent_layers import DeltaNetLayers, ShortConvLayers
+from nanoserve.runtime.loading.recurrent_layers import DeltaNetLayers, Mamba2Layers, ShortConvLayers
 
 LFM2_LAYER_NAMES = {
     "shortconv.in_proj": "conv.in_proj",
@@ -45,6 +53,13 @@ QWEN35_LAYER_NAMES = {
 }
 # Whole names after `blk.N.` whose Hugging Face tensor is not a `.weight`/`.bias` of a module.
 QWEN35_WHOLE_NAMES = {"ssm_a": "linear_attn.A_log", "ssm_dt.bias": "linear_attn.dt_bias"}
+GRANITE_LAYER_NAMES = {
+    "ssm_in": "mamba.in_proj",
+    "ssm_out": "mamba.out_proj",
+    "ssm_conv1d": "mamba.conv1d",
+    "ssm_norm": "mamba.norm",
+}
+GRANITE_WHOLE_NAMES = {"ssm_a": "mamba.A_log", "ssm_d": "mamba.D", "ssm_dt.bias": "mamba.dt_bias"}
 MTP = "MTP heads"
 
 
@@ -86,17 +101,38 @@ def qwen35_delta_net(
     )
 
 
+def granite_mamba(
+    key: Callable[..., Any], kv_heads: list[int], gguf_names: frozenset[str]
+) -> Mamba2Layers:
+    """Granite 4.0-H's Mamba2 layers (those given no K/V heads) from its `ssm.*` metadata."""
+    layers = tuple(i for i, n in enumerate(kv_heads) if n == 0)
+    heads = int(key("ssm.time_step_rank"))
+    first = f"blk.{layers[0]}." if layers else "blk.0."
+    return Mamba2Layers(
+        layers=layers,
+        kernel=int(key("ssm.conv_kernel")),
+        heads=heads,
+        head_dim=int(key("ssm.inner_size")) // max(heads, 1),
+        groups=int(key("ssm.group_count")),
+        d_state=int(key("ssm.state_size")),
+        conv_bias=f"{first}ssm_conv1d.bias" in gguf_names,
+        proj_bias=f"{first}ssm_in.bias" in gguf_names,
+    )
+
+
 def hf_shape(name: str, shape: tuple[int, ...]) -> tuple[int, ...]:
     """A tensor's shape in Hugging Face layout: a convolution's taps as Conv1d holds them,
-    [channels, 1, taps]."""
-    if name.endswith((".conv.conv.weight", ".linear_attn.conv1d.weight")):
+    [channels, 1, taps]; Mamba2's A, D ([heads, 1]) and norm ([groups, width]) flat."""
+    if name.endswith((".conv.conv.weight", ".linear_attn.conv1d.weight", ".mamba.conv1d.weight")):
         return (shape[0], 1, shape[1])
+    if name.endswith((".mamba.A_log", ".mamba.D", ".mamba.norm.weight")):
+        return (shape[0] * shape[1],) if len(shape) == 2 else shape
     return shape
 
 
 def hf_values(name: str, values: torch.Tensor) -> torch.Tensor:
     """A tensor's Hugging Face values: A_log back from the stored -exp(A_log)."""
-    return torch.log(-values) if name.endswith(".linear_attn.A_log") else values
+    return torch.log(-values) if name.endswith((".linear_attn.A_log", ".mamba.A_log")) else values
 
 
 def grouped_value_heads(name: str, values: torch.Tensor, delta: DeltaNetLayers) -> torch.Tensor:

@@ -124,6 +124,8 @@ class ModelConfig:
     attn_output_gate: bool = False  # attention's output times sigmoid of a second query half
     residual_multiplier: float = 1.0  # each layer's mixer and MLP outputs times this (Granite)
     logits_scaling: float = 1.0  # the logits divided by this (Granite)
+    fused_mlp: bool = False  # the checkpoint stores gate and up as one `gate_up_proj` (Phi-3;
+    # Granite's `shared_mlp.input_linear`; a Granite GGUF stores them apart)
 
     def __post_init__(self) -> None:
         self.check("ModelConfig")  # `from_hf` re-raises naming the file it read
@@ -148,12 +150,6 @@ class ModelConfig:
         """The checkpoint stores q, k and v as one `qkv_proj`, gate and up as one `gate_up_proj`
         (Phi-3): the very layout the forward runs, so they are read whole."""
         return self.architecture == "phi3"
-
-    @property
-    def fused_mlp(self) -> bool:
-        """The checkpoint stores gate and up as one `gate_up_proj` (Phi-3; Granite's
-        `shared_mlp.input_linear`)."""
-        return self.architecture in ("phi3", "granitemoehybrid")
 
     @property
     def attention_scale(self) -> float:
@@ -230,7 +226,7 @@ class ModelConfig:
     def _check_deltas(self, source: str) -> None:
         if self.hidden_act not in ("silu", "gelu_tanh"):
             raise UnsupportedModelError(source, f"hidden_act={self.hidden_act!r}")
-        for name in ("qk_norm", "sandwich_norm"):
+        for name in ("qk_norm", "sandwich_norm", "fused_mlp"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(source, f"{name}={getattr(self, name)!r} must be a bool")
         for name in (
@@ -381,6 +377,7 @@ class ModelConfig:
                 short_conv=lfm2_short_conv(config_json, kinds) if lfm2 else None,
                 delta_net=qwen3_5_delta_net(config_json, kinds) if qwen3_5 else None,
                 attn_output_gate=qwen3_5,
+                fused_mlp=arch in ("phi3", "granitemoehybrid"),
                 mamba=granite_mamba(config_json, kinds, source) if granite else None,
                 residual_multiplier=granite_number(
                     config_json, "residual_multiplier", granite, source
