@@ -30,7 +30,7 @@ import torch.nn.functional as F
 
 from nanoserve.core import DecodePlan, PrefillPlan
 from nanoserve.runtime.loading.recurrent_layers import DeltaNetLayers
-from nanoserve.runtime.model.recurrent_rows import starting_state, whole_vectors
+from nanoserve.runtime.model.recurrent_rows import run_chunks, starting_state, whole_vectors
 from nanoserve.runtime.model.short_conv import causal_conv
 
 BLOCK = 64  # tokens solved at once in a chunk (the fla kernels' and transformers' block)
@@ -80,7 +80,7 @@ def delta_net(
         out, final = step(q, k, v, g, beta, start)
         state.index_copy_(0, plan.state_slots, final)
     else:
-        out = _prefill(q, k, v, g, beta, plan, state)
+        out = run_chunks((q, k, v, g, beta), plan, state, step, chunked, v)
     normed = out / torch.sqrt(out.pow(2).mean(-1, keepdim=True) + weights.eps) * weights.norm
     gated = normed.reshape(tokens, shape.value_size) * whole_vectors(F.silu, z)
     return gated
@@ -104,38 +104,6 @@ def step(
     delta = (v - predicted) * beta[..., None]
     s = s + k[..., None] * delta[..., None, :]
     return (s * q[..., None]).sum(-2), s
-
-
-def _prefill(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    g: torch.Tensor,
-    beta: torch.Tensor,
-    plan: PrefillPlan,
-    state: torch.Tensor,
-) -> torch.Tensor:
-    """Every chunk from its slot's state (zero at position 0), its final state written back:
-    chunks of one token together by `step`, longer ones each by `chunked`."""
-    starts = plan.query_starts
-    first = torch.tensor(starts[:-1], dtype=torch.int64, device=q.device)
-    begin = starting_state(state, plan.state_slots, plan.positions[first])  # [chunks, ...]
-    out = torch.empty_like(v)
-    finals = torch.empty_like(begin)
-    single = [c for c in range(len(starts) - 1) if starts[c + 1] - starts[c] == 1]
-    if single:
-        rows = first[single]
-        out[rows], finals[single] = step(
-            q[rows], k[rows], v[rows], g[rows], beta[rows], begin[single]
-        )
-    for c in range(len(starts) - 1):
-        lo, hi = starts[c], starts[c + 1]
-        if hi - lo > 1:
-            out[lo:hi], finals[c] = chunked(
-                q[lo:hi], k[lo:hi], v[lo:hi], g[lo:hi], beta[lo:hi], begin[c]
-            )
-    state.index_copy_(0, plan.state_slots, finals)
-    return out
 
 
 def chunked(

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 
 from nanoserve.core import DecodePlan, PrefillPlan
 from nanoserve.runtime.loading.recurrent_layers import Mamba2Layers
-from nanoserve.runtime.model.recurrent_rows import starting_state, whole_vectors
+from nanoserve.runtime.model.recurrent_rows import run_chunks, starting_state, whole_vectors
 from nanoserve.runtime.model.short_conv import causal_conv
 
 BLOCK = 64  # tokens in one SSD block (the L matrix is BLOCK x BLOCK per head)
@@ -71,7 +71,15 @@ def mamba2(
         y, final = step(x, b, c, dt, weights.decay_rate, start)
         state.index_copy_(0, plan.state_slots, final)
     else:
-        y = _prefill(x, b, c, dt, weights.decay_rate, plan, state)
+        rate = weights.decay_rate
+        y = run_chunks(
+            (x, b, c, dt),
+            plan,
+            state,
+            lambda x, b, c, dt, s: step(x, b, c, dt, rate, s),
+            lambda x, b, c, dt, s: chunked(x, b, c, dt, rate, s),
+            x,
+        )
     y = (y + weights.skip[:, None] * x).reshape(tokens, shape.inner_size)
     gated = y * whole_vectors(F.silu, z)
     groups = gated.reshape(tokens, shape.groups, shape.inner_size // shape.groups)
@@ -91,38 +99,6 @@ def step(
     decay = whole_vectors(torch.exp, dt * decay_rate)  # [rows, heads]
     s = s * decay[..., None, None] + (dt[..., None] * x)[..., None] * b[:, :, None, :]
     return (s * c[:, :, None, :]).sum(-1), s
-
-
-def _prefill(
-    x: torch.Tensor,
-    b: torch.Tensor,
-    c: torch.Tensor,
-    dt: torch.Tensor,
-    decay_rate: torch.Tensor,
-    plan: PrefillPlan,
-    state: torch.Tensor,
-) -> torch.Tensor:
-    """Every chunk from its slot's state (zero at position 0), its final state written back:
-    chunks of one token together by `step`, longer ones each by `chunked`."""
-    starts = plan.query_starts
-    first = torch.tensor(starts[:-1], dtype=torch.int64, device=x.device)
-    begin = starting_state(state, plan.state_slots, plan.positions[first])
-    out = torch.empty_like(x)
-    finals = torch.empty_like(begin)
-    single = [i for i in range(len(starts) - 1) if starts[i + 1] - starts[i] == 1]
-    if single:
-        rows = first[single]
-        out[rows], finals[single] = step(
-            x[rows], b[rows], c[rows], dt[rows], decay_rate, begin[single]
-        )
-    for i in range(len(starts) - 1):
-        lo, hi = starts[i], starts[i + 1]
-        if hi - lo > 1:
-            out[lo:hi], finals[i] = chunked(
-                x[lo:hi], b[lo:hi], c[lo:hi], dt[lo:hi], decay_rate, begin[i]
-            )
-    state.index_copy_(0, plan.state_slots, finals)
-    return out
 
 
 def chunked(

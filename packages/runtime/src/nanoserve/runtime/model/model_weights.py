@@ -11,6 +11,7 @@ is split into the two linears the forward calls.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -119,71 +120,65 @@ def assemble_weights(
     layers: list[LayerWeights] = []
     norm_names = layer_norm_names(config)
     conv, delta, mamba = config.short_conv, config.delta_net, config.mamba
+
+    def recurrent_mixer(i: int) -> dict[str, Any] | None:
+        """Layer i's recurrent mixer as LayerWeights fields (its projections, and its
+        convolution, DeltaNet or Mamba2 tensors), or None for an attention layer."""
+        p = f"model.layers.{i}."
+        if conv is not None and i in conv.layers:
+            c, bias = f"{p}conv.", conv.bias
+            return {
+                "qkv": linear(f"{c}in_proj.weight"),
+                "qkv_bias": take(f"{c}in_proj.bias", small_dtype) if bias else None,
+                "o": linear(f"{c}out_proj.weight"),
+                "o_bias": take(f"{c}out_proj.bias", small_dtype) if bias else None,
+                "conv_kernel": take(f"{c}conv.weight", torch.float32)[:, 0].contiguous(),
+                "conv_bias": take(f"{c}conv.bias", torch.float32) if bias else None,
+            }
+        if delta is not None and i in delta.layers:
+            d = f"{p}linear_attn."
+            in_proj = ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a")
+            return {
+                "qkv": linear(*(f"{d}{n}.weight" for n in in_proj)),
+                "qkv_bias": None,
+                "o": linear(f"{d}out_proj.weight"),
+                "delta": DeltaNetWeights(
+                    conv_kernel=take(f"{d}conv1d.weight", torch.float32)[:, 0].contiguous(),
+                    decay_rate=-take(f"{d}A_log", torch.float32).exp(),
+                    dt_bias=take(f"{d}dt_bias", torch.float32),
+                    norm=take(f"{d}norm.weight", torch.float32),
+                    eps=config.rms_norm_eps,
+                ),
+            }
+        if mamba is not None and i in mamba.layers:
+            m, bias = f"{p}mamba.", mamba.proj_bias
+            return {
+                "qkv": linear(f"{m}in_proj.weight"),
+                "qkv_bias": take(f"{m}in_proj.bias", small_dtype) if bias else None,
+                "o": linear(f"{m}out_proj.weight"),
+                "o_bias": take(f"{m}out_proj.bias", small_dtype) if bias else None,
+                "mamba": Mamba2Weights(
+                    conv_kernel=take(f"{m}conv1d.weight", torch.float32)[:, 0].contiguous(),
+                    conv_bias=take(f"{m}conv1d.bias", torch.float32) if mamba.conv_bias else None,
+                    decay_rate=-take(f"{m}A_log", torch.float32).exp(),
+                    dt_bias=take(f"{m}dt_bias", torch.float32),
+                    skip=take(f"{m}D", torch.float32),
+                    norm=take(f"{m}norm.weight", torch.float32),
+                    eps=config.rms_norm_eps,
+                ),
+            }
+        return None
+
     for i in range(config.num_layers):
         p = f"model.layers.{i}."
         norms = {n: norm(f"{p}{n}.weight") for n in norm_names}
         mlp = [f"{p}mlp.{n}_proj" for n in (["gate_up"] if config.fused_mlp else ["gate", "up"])]
         mlp = [f"{m}.weight" for m in mlp]
-        if conv is not None and i in conv.layers:
-            c = f"{p}conv."
-            bias = conv.bias
+        mixer = recurrent_mixer(i)
+        if mixer is not None:  # a recurrent layer's mixer, then the MLP every layer has
             layers.append(
                 LayerWeights(
-                    qkv=linear(f"{c}in_proj.weight"),
-                    qkv_bias=take(f"{c}in_proj.bias", small_dtype) if bias else None,
-                    o=linear(f"{c}out_proj.weight"),
-                    o_bias=take(f"{c}out_proj.bias", small_dtype) if bias else None,
-                    conv_kernel=take(f"{c}conv.weight", torch.float32)[:, 0].contiguous(),
-                    conv_bias=take(f"{c}conv.bias", torch.float32) if bias else None,
-                    gate_up=linear(*mlp),
-                    down=linear(f"{p}mlp.down_proj.weight"),
-                    input_norm=norms["input_layernorm"],
-                    post_norm=norms["post_attention_layernorm"],
-                )
-            )
-            continue
-        if delta is not None and i in delta.layers:
-            d = f"{p}linear_attn."
-            in_proj = ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a")
-            layers.append(
-                LayerWeights(
-                    qkv=linear(*(f"{d}{n}.weight" for n in in_proj)),
-                    qkv_bias=None,
-                    o=linear(f"{d}out_proj.weight"),
-                    delta=DeltaNetWeights(
-                        conv_kernel=take(f"{d}conv1d.weight", torch.float32)[:, 0].contiguous(),
-                        decay_rate=-take(f"{d}A_log", torch.float32).exp(),
-                        dt_bias=take(f"{d}dt_bias", torch.float32),
-                        norm=take(f"{d}norm.weight", torch.float32),
-                        eps=config.rms_norm_eps,
-                    ),
-                    gate_up=linear(*mlp),
-                    down=linear(f"{p}mlp.down_proj.weight"),
-                    input_norm=norms["input_layernorm"],
-                    post_norm=norms["post_attention_layernorm"],
-                )
-            )
-            continue
-        if mamba is not None and i in mamba.layers:
-            m = f"{p}mamba."
-            bias = mamba.proj_bias
-            layers.append(
-                LayerWeights(
-                    qkv=linear(f"{m}in_proj.weight"),
-                    qkv_bias=take(f"{m}in_proj.bias", small_dtype) if bias else None,
-                    o=linear(f"{m}out_proj.weight"),
-                    o_bias=take(f"{m}out_proj.bias", small_dtype) if bias else None,
-                    mamba=Mamba2Weights(
-                        conv_kernel=take(f"{m}conv1d.weight", torch.float32)[:, 0].contiguous(),
-                        conv_bias=take(f"{m}conv1d.bias", torch.float32)
-                        if mamba.conv_bias
-                        else None,
-                        decay_rate=-take(f"{m}A_log", torch.float32).exp(),
-                        dt_bias=take(f"{m}dt_bias", torch.float32),
-                        skip=take(f"{m}D", torch.float32),
-                        norm=take(f"{m}norm.weight", torch.float32),
-                        eps=config.rms_norm_eps,
-                    ),
+                    **mixer,
                     gate_up=linear(*mlp),
                     down=linear(f"{p}mlp.down_proj.weight"),
                     input_norm=norms["input_layernorm"],

@@ -1,5 +1,6 @@
 """What every recurrent layer (DeltaNet, Mamba2) does to its rows the same way: the state a row
-or chunk starts from, and elementwise transcendentals whose bits do not depend on the batch.
+or chunk starts from, a prompt step's chunks run from their states, and elementwise
+transcendentals whose bits do not depend on the batch.
 
 A row or chunk at position 0 starts its sequence: it reads a zero state whatever its slot held,
 so a slot needs no clearing between sequences and a padded row (position 0, the sink slot)
@@ -15,10 +16,15 @@ reason.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
+
+from nanoserve.core import PrefillPlan
+
+# (inputs..., states) -> (outputs, states): one token per row, or one chunk of one sequence
+Recurrence = Callable[..., tuple[torch.Tensor, torch.Tensor]]
 
 LANES = 32  # float32 lanes of two AVX-512 vectors (a multiple of AVX2's pair)
 
@@ -36,3 +42,31 @@ def whole_vectors(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -
     do not depend on how many rows came with it."""
     pad = -x.shape[-1] % LANES
     return fn(F.pad(x, (0, pad)))[..., : x.shape[-1]] if pad else fn(x)
+
+
+def run_chunks(
+    inputs: Sequence[torch.Tensor],  # per token, [tokens, ...] each
+    plan: PrefillPlan,
+    state: torch.Tensor,  # [slots + 1, ...]
+    step: Recurrence,
+    chunked: Recurrence,
+    out_like: torch.Tensor,  # [tokens, ...]: the outputs' shape
+) -> torch.Tensor:
+    """Every chunk of a prompt step from its slot's state (zero at position 0), its final
+    state written back: chunks of one token (decode rows riding in the step) together by
+    `step`, so their bits are a decode step's; longer ones each by `chunked`."""
+    starts = plan.query_starts
+    first = torch.tensor(starts[:-1], dtype=torch.int64, device=out_like.device)
+    begin = starting_state(state, plan.state_slots, plan.positions[first])  # [chunks, ...]
+    out = torch.empty_like(out_like)
+    finals = torch.empty_like(begin)
+    single = [c for c in range(len(starts) - 1) if starts[c + 1] - starts[c] == 1]
+    if single:
+        rows = first[single]
+        out[rows], finals[single] = step(*(x[rows] for x in inputs), begin[single])
+    for c in range(len(starts) - 1):
+        lo, hi = starts[c], starts[c + 1]
+        if hi - lo > 1:
+            out[lo:hi], finals[c] = chunked(*(x[lo:hi] for x in inputs), begin[c])
+    state.index_copy_(0, plan.state_slots, finals)
+    return out
