@@ -96,14 +96,24 @@ def step(
     v: torch.Tensor,  # [rows, v_heads, v_dim]
     g: torch.Tensor,  # [rows, v_heads]
     beta: torch.Tensor,  # [rows, v_heads]
-    s: torch.Tensor,  # [rows, v_heads, k_dim, v_dim]
+    s: torch.Tensor,  # [rows, v_heads, k_dim, v_dim], contiguous: updated in place
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """One token of the recurrence per row: (o [rows, v_heads, v_dim], the new state)."""
-    s = s * whole_vectors(torch.exp, g)[..., None, None]
-    predicted = (s * k[..., None]).sum(-2)  # k^T S: [rows, v_heads, v_dim]
-    delta = (v - predicted) * beta[..., None]
-    s = s + k[..., None] * delta[..., None, :]
-    return (s * q[..., None]).sum(-2), s
+    """One token of the recurrence per row: (o [rows, v_heads, v_dim], the new state, which is
+    `s` itself, updated in place: callers pass a copy gathered from the pool).
+
+    The state is the big operand ([rows, v_heads, k_dim, v_dim] float32, 1 MiB a head at
+    Qwen3.5's 128 x 128), so it is read once for both of its products and then updated in
+    place, never copied: with d = exp(g), S' = d S + k delta^T, so k^T (d S) = d (S^T k) and
+    o = S'^T q = d (S^T q) + delta (k . q)."""
+    rows, heads, k_dim, v_dim = s.shape
+    flat = s.view(rows * heads, k_dim, v_dim)
+    d = whole_vectors(torch.exp, g).reshape(-1, 1)  # [rows * heads, 1]
+    both = torch.stack((k, q), 2).reshape(-1, 2, k_dim)  # [rows * heads, 2, k_dim]
+    reads = torch.bmm(both, flat)  # k^T S and q^T S: [rows * heads, 2, v_dim]
+    delta = (v.reshape(-1, v_dim) - reads[:, 0] * d) * beta.reshape(-1, 1)
+    out = reads[:, 1] * d + delta * (k * q).sum(-1).reshape(-1, 1)
+    flat.mul_(d[..., None]).baddbmm_(k.reshape(-1, k_dim, 1), delta[:, None, :])
+    return out.reshape(rows, heads, v_dim), s
 
 
 def chunked(

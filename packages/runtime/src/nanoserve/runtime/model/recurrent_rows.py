@@ -32,9 +32,10 @@ LANES = 32  # float32 lanes of two AVX-512 vectors (a multiple of AVX2's pair)
 def starting_state(
     state: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor
 ) -> torch.Tensor:
-    """The stored states of `slots` ([n, ...]); zero where the row or chunk starts its sequence."""
-    started = (positions > 0).reshape(-1, *([1] * (state.dim() - 1)))
-    return torch.where(started, state[slots], 0.0)
+    """The stored states of `slots` ([n, ...], a copy); zero where the row or chunk starts its
+    sequence (whatever the slot held, NaN included)."""
+    fresh = (positions == 0).reshape(-1, *([1] * (state.dim() - 1)))
+    return state[slots].masked_fill_(fresh, 0.0)
 
 
 def whole_vectors(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> torch.Tensor:
