@@ -2,9 +2,10 @@
 
     python -m benchmarks.long_prompt [--models lfm2-1.2b-shape] [--rounds 3] [-- nanoserve flags]
 
-Per model of the set (benchmarks/models.py), nanoserve and llama-server (`-np 1`, its whole
-cache for one sequence: a long prompt fits, and its prompt cache is the slot's) are up at once
-with the same thread count. Each round, alternating which server goes first, sends to each:
+Per model of the set (benchmarks/models.py), nanoserve (8 state checkpoints for a hybrid's
+prefix cache) and llama-server (`-np 1`, its whole cache for one sequence: a long prompt fits,
+and its prompt cache is the slot's, with its context checkpoints) are up at once with the same
+thread count. Each round, alternating which server goes first, sends to each:
 
 - a `--long`-token prompt (distinct random token ids per round and server), one output token:
   prefill throughput = prompt tokens / TTFT;
@@ -75,7 +76,10 @@ def main() -> None:
             return
         os.environ["NANOSERVE_TIMING_CACHE"] = tempfile.mkdtemp(prefix="timings-")
         flags = [str(bench.path), "--max-batch", "8", "--max-model-len", str(context)]
-        flags += ["--kv-budget", str(kv_budget_for(bench.path, 2 * context, rows=8)), *extra]
+        # A hybrid's prefix cache: 8 state checkpoints (llama.cpp keeps up to 32 a slot, apart)
+        flags += ["--state-checkpoints", "8"]
+        budget = kv_budget_for(bench.path, 2 * context, rows=8, checkpoints=8)
+        flags += ["--kv-budget", str(budget), *extra]
         servers: dict[str, Server] = {"nanoserve": start_nanoserve(flags, threads)}
         servers["llama.cpp"] = start_llama_server(
             peer, bench.path, threads, cache_mode="split", context=context, parallel=1

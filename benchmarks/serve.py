@@ -134,16 +134,18 @@ def short_note(row: dict[str, object], max_tokens: int) -> str:
     )
 
 
-def kv_budget_for(gguf: Path, tokens: int, rows: int = 32) -> int:
+def kv_budget_for(gguf: Path, tokens: int, rows: int = 32, checkpoints: int = 0) -> int:
     """Bytes of a 16-bit K/V pool of `tokens` slots for this model's attention layers, and the
-    sink slot; for a hybrid, plus its recurrent state for `rows` sequences and the sink (which
-    nanoserve takes from the budget first, as llama.cpp sizes its recurrent state apart)."""
+    sink slot; for a hybrid, plus its recurrent state for `rows` sequences, `checkpoints` saved
+    states (pass `--state-checkpoints` the same) and the sink (which nanoserve takes from the
+    budget first, as llama.cpp sizes its recurrent state and its context checkpoints apart)."""
     from nanoserve.core.state_pool_plan import StatePoolPlan
     from nanoserve.runtime.loading.checkpoint import load_checkpoint
 
     cfg = load_checkpoint(gguf).config
     per_token = 2 * len(cfg.attention_layers) * cfg.num_kv_heads * cfg.head_dim * 2
-    return per_token * (tokens + 1) + StatePoolPlan(rows, cfg.state_shapes).total_bytes
+    state = StatePoolPlan(rows + checkpoints, cfg.state_shapes, checkpoints)
+    return per_token * (tokens + 1) + state.total_bytes
 
 
 PEER_CONTEXT = 16384  # llama-server's K/V cache, and nanoserve's pool, in tokens

@@ -97,15 +97,18 @@ async def test_health_when_ready() -> None:
 
 
 async def test_health_shows_a_hybrids_state_pool() -> None:
-    state = StatePoolPlan(4, ((8, 2), (8, 2)))  # 4 slots + sink, two conv windows of 8x2 fp32
+    # 6 slots (2 of them checkpoints) + the sink, two conv windows of 8x2 fp32
+    state = StatePoolPlan(6, ((8, 2), (8, 2)), checkpoint_slots=2)
     fields = {"state": state, "state_slots_in_use": 1}
     async with fake_server(FakeEngine(status_fields=fields)) as (client, _):
         body = (await client.get("/health")).json()
     assert body["state_pool"] == {
-        "num_state_slots": 4,
-        "sink_state_slot": 4,
+        "num_state_slots": 6,
+        "sink_state_slot": 6,
         "state_bytes_per_slot": 128,
-        "state_total_bytes": 640,
+        "state_total_bytes": 896,
+        "state_checkpoint_slots": 2,
+        "state_checkpoint_bytes": 256,
         "tensors": 2,
         "state_slots_in_use": 1,
     }

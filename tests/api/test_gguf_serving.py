@@ -151,8 +151,8 @@ async def test_a_draft_model_is_served_and_changes_no_greedy_answer(tiny_mixed_g
 
 async def test_an_lfm2_gguf_is_served_with_its_state_on_health(tmp_path: Path) -> None:
     """The hybrid as llama.cpp's converter writes it (Q8_0 linears, F32 taps), served with the
-    server's defaults: /health shows its state slots beside the K/V pool, answers are the same
-    alone and batched, and every state slot comes back."""
+    server's defaults: /health shows its state slots and checkpoints beside the K/V pool,
+    answers are the same alone and batched, and every state slot comes back."""
     from gguf import GGMLQuantizationType
 
     from tests import tiny_models
@@ -168,11 +168,13 @@ async def test_an_lfm2_gguf_is_served_with_its_state_on_health(tmp_path: Path) -
         assert server.engine is not None, server.boot_error
         health = (await client.get("/health")).json()
         assert health["kernels"].startswith("gguf nanoserve/")
-        assert health["state_pool"] == {
-            "num_state_slots": 4,
-            "sink_state_slot": 4,
+        assert health["state_pool"] == {  # 4 rows' slots, 4 checkpoints ("auto"), the sink
+            "num_state_slots": 8,
+            "sink_state_slot": 8,
             "state_bytes_per_slot": 3 * 64 * 2 * 4,  # three conv layers' [64, 2] windows
-            "state_total_bytes": 5 * 3 * 64 * 2 * 4,
+            "state_total_bytes": 9 * 3 * 64 * 2 * 4,
+            "state_checkpoint_slots": 4,
+            "state_checkpoint_bytes": 4 * 3 * 64 * 2 * 4,
             "tensors": 3,  # one window a layer
             "state_slots_in_use": 0,
         }

@@ -19,12 +19,28 @@ def test_bytes_count_every_tensor_of_a_slot_and_the_sink() -> None:
         "sink_state_slot": 32,
         "state_bytes_per_slot": 163_840,
         "state_total_bytes": 33 * 163_840,
+        "state_checkpoint_slots": 0,
+        "state_checkpoint_bytes": 0,
     }
+
+
+def test_checkpoint_slots_are_counted_among_the_slots() -> None:
+    plan = StatePoolPlan(40, ((2048, 2),) * 10, checkpoint_slots=8)
+    assert (plan.sink, plan.total_bytes) == (40, 41 * 163_840)
+    assert plan.as_dict()["state_checkpoint_slots"] == 8
+    assert plan.as_dict()["state_checkpoint_bytes"] == 8 * 163_840
 
 
 def test_a_model_without_state_costs_nothing() -> None:
     plan = StatePoolPlan(8, ())
     assert (plan.bytes_per_slot, plan.total_bytes, plan.sink) == (0, 0, 8)
+
+
+def test_more_checkpoints_than_slots_are_refused() -> None:
+    with pytest.raises(
+        GeometryError, match=r"checkpoint_slots must be an integer in 0\.\.2, got 3"
+    ):
+        StatePoolPlan(2, ((4,),), checkpoint_slots=3)
 
 
 @pytest.mark.parametrize(

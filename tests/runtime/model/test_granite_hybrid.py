@@ -2,9 +2,10 @@
 attention without rotary, with its embedding, residual, attention and logit multipliers.
 
 Greedy tokens and logits against transformers, with prompts cut into chunks; llama.cpp's GGUF
-gives the checkpoint's tokens; a preempted sequence recomputes its state; the prefix cache is
-off and speculation is refused in one line; the mixture-of-experts sizes are refused at load. Alone, batched, eager, bucketed, recorded (on
-torch and on nanoserve's kernels) and the CUDA trace are in test_architectures.py."""
+gives the checkpoint's tokens; the mixture-of-experts sizes are refused at load. Preemption,
+the prefix cache's checkpoints and speculation's refusal are in test_hybrid_engine.py; alone,
+batched, eager, bucketed, recorded (on torch and on nanoserve's kernels) and the CUDA trace
+are in test_architectures.py."""
 
 from __future__ import annotations
 
@@ -14,18 +15,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from nanoserve.core.state_pool_plan import StatePoolPlan
-from nanoserve.runtime.engine.config.speculative_config import SpeculativeConfig
-from nanoserve.runtime.engine.speculation.speculator import SpeculativeConfigError
 from nanoserve.runtime.errors import UnsupportedModelError
 from nanoserve.runtime.loading.checkpoint import load_checkpoint
 from nanoserve.runtime.model.llama import LlamaModel
 from tests.runtime.hybrid_engine import (
     PROMPT,
-    PROMPTS,
     engine_of,
     greedy,
-    kv_bytes_per_slot,
     transformers_greedy,
 )
 from tests.runtime.paged_logits import paged_logits, rel_error
@@ -75,37 +71,6 @@ def test_greedy_tokens_are_transformers_recomputing_everything(
 ) -> None:
     tokens, _ = greedy(engine_of(granite_dir, max_num_batched_tokens=7), [PROMPT])
     assert tokens["0"] == transformers_greedy(reference, PROMPT)
-
-
-def test_a_preempted_sequence_recomputes_its_state(granite_dir: Path) -> None:
-    alone = {str(i): greedy(engine_of(granite_dir), [p])[0]["0"] for i, p in enumerate(PROMPTS)}
-    config = load_checkpoint(granite_dir).config
-    state = StatePoolPlan(4, config.state_shapes).total_bytes
-    # 20 blocks of 4 slots for 4 rows of up to 34 tokens: someone is preempted
-    per_slot = kv_bytes_per_slot(granite_dir)
-    engine = engine_of(granite_dir, kv_budget_bytes=state + per_slot * (4 * 20 + 1))
-    assert engine.pool_plan.num_blocks == 20
-    tokens, preempted = greedy(engine, PROMPTS)
-    assert preempted > 0
-    assert tokens == alone
-    assert engine.scheduler.state_slots.num_used == 0  # every slot given back
-    assert engine.blocks.num_in_use == 0
-
-
-def test_the_state_is_planned_and_the_prefix_cache_is_off(granite_dir: Path) -> None:
-    engine = engine_of(granite_dir)
-    per_slot = 3 * (192 * 3 + 8 * 16 * 16) * 4  # three layers' windows and states, float32
-    assert engine.state_plan.bytes_per_slot == per_slot
-    assert engine.pool_plan.num_layers == 1  # K/V for the one attention layer only
-    assert not engine.prefix_caching
-
-
-def test_speculation_is_refused_in_one_line(granite_dir: Path) -> None:
-    with pytest.raises(
-        SpeculativeConfigError,
-        match=rf"^speculative decoding is not built for {ARCH}'s recurrent state \(the model's\)",
-    ):
-        engine_of(granite_dir, speculative=SpeculativeConfig())
 
 
 def test_the_experts_are_refused_at_load(

@@ -3,9 +3,9 @@ head, beside gated attention with rotary on a quarter of each head.
 
 Greedy tokens against transformers recomputing the whole sequence each step, with prompts cut
 into chunks, on torch and on nanoserve's kernels (q8); the checkpoint with a vision tower
-serves its language model; llama.cpp's GGUF gives the checkpoint's tokens; a preempted sequence
-recomputes its state; the prefix cache is off and speculation is refused in one line. Alone, batched, eager, bucketed, recorded and the
-CUDA trace are in test_architectures.py with the other families."""
+serves its language model; llama.cpp's GGUF gives the checkpoint's tokens. Preemption, the
+prefix cache's checkpoints and speculation's refusal are in test_hybrid_engine.py; alone,
+batched, eager, bucketed, recorded and the CUDA trace are in test_architectures.py."""
 
 from __future__ import annotations
 
@@ -16,17 +16,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from nanoserve.core.state_pool_plan import StatePoolPlan
-from nanoserve.runtime.engine.config.speculative_config import SpeculativeConfig
 from nanoserve.runtime.engine.requests.sampling_params import SamplingParams
-from nanoserve.runtime.engine.speculation.speculator import SpeculativeConfigError
 from nanoserve.runtime.loading.checkpoint import load_checkpoint
 from tests.runtime.hybrid_engine import (
     PROMPT,
-    PROMPTS,
     engine_of,
     greedy,
-    kv_bytes_per_slot,
     transformers_greedy,
 )
 from tests.runtime.paged_logits import paged_logits, rel_error
@@ -144,45 +139,14 @@ def test_the_boot_names_the_skipped_tower_and_the_state(vl_model: tuple[Path, ob
         and line.endswith("float32, 3 layers)")
         for line in said
     ), said
-    assert "prefix cache: off for this model (a hit must restore its recurrent state)" in said
+    assert (
+        "prefix cache: a state checkpoint every 32 blocks (512 tokens) and where each prompt"
+        f" ends; a hit restores the deepest, {per_slot:.1f} KiB copied"
+    ) in said
     params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
     (out,) = llm.chat([{"role": "user", "content": "hello world"}], params)
     assert len(out.outputs[0].token_ids) == 8
     llm.engine.check_blocks()
-
-
-def test_a_preempted_sequence_recomputes_its_state(qwen_dir: Path) -> None:
-    alone = {str(i): greedy(engine_of(qwen_dir), [p])[0]["0"] for i, p in enumerate(PROMPTS)}
-    config = load_checkpoint(qwen_dir).config
-    state = StatePoolPlan(4, config.state_shapes).total_bytes
-    # 20 blocks of 4 slots for 4 rows of up to 34 tokens: someone is preempted
-    engine = engine_of(qwen_dir, kv_budget_bytes=state + kv_bytes_per_slot(qwen_dir) * (4 * 20 + 1))
-    assert engine.pool_plan.num_blocks == 20
-    tokens, preempted = greedy(engine, PROMPTS)
-    assert preempted > 0
-    assert tokens == alone
-    assert engine.scheduler.state_slots.num_used == 0  # every slot given back
-    assert engine.blocks.num_in_use == 0
-
-
-def test_the_state_is_planned_and_the_prefix_cache_is_off(qwen_dir: Path) -> None:
-    engine = engine_of(qwen_dir)
-    per_slot = 3 * (128 * 3 + 4 * 16 * 16) * 4  # three layers' windows and matrices, float32
-    assert engine.state_plan.bytes_per_slot == per_slot
-    assert engine.pool_plan.num_layers == 1  # K/V for the one attention layer only
-    assert not engine.prefix_caching
-    first, _ = greedy(engine, [PROMPT])
-    again, _ = greedy(engine, [PROMPT])
-    assert again == first
-    assert engine.status().state_slots_in_use == 0
-
-
-def test_speculation_is_refused_in_one_line(qwen_dir: Path) -> None:
-    with pytest.raises(
-        SpeculativeConfigError,
-        match=r"^speculative decoding is not built for qwen3_5's recurrent state \(the model's\)",
-    ):
-        engine_of(qwen_dir, speculative=SpeculativeConfig())
 
 
 def test_its_gguf_gives_the_checkpoints_tokens_and_skips_the_mtp_block(

@@ -10,7 +10,10 @@ from hypothesis import strategies as st
 
 from nanoserve.core import BlockTable, OutOfBlocksError
 from nanoserve.core.blocks import ConservationError
+from nanoserve.core.state_checkpoints import CheckpointRule, StateCheckpoints
+from nanoserve.core.state_slots import StateSlots, check_state_conservation
 from nanoserve.runtime.engine.step.block_manager import BlockManager
+from nanoserve.runtime.engine.step.kv_events import ROOT_KEY, block_key
 
 BS = 4
 
@@ -252,6 +255,67 @@ def test_check_catches_a_broken_free_list() -> None:
     manager = BlockManager(4, BS)
     manager.allocator._free.append(0)  # a double free the allocator did not see
     with pytest.raises(ConservationError):
+        manager.check()
+
+
+# -- a hybrid's state checkpoints ----------------------------------------------------------------
+
+
+def with_checkpoints(num_blocks: int, capacity: int) -> tuple[BlockManager, StateSlots]:
+    slots = StateSlots(2 + capacity)
+    checkpoints = StateCheckpoints(slots, capacity, CheckpointRule(BS, 1))
+    return BlockManager(num_blocks, BS, checkpoints=checkpoints), slots
+
+
+def keys_of(tokens: list[int]) -> list[int]:
+    keys, parent = [], ROOT_KEY
+    for i in range(len(tokens) // BS):
+        parent = block_key(parent, tuple(tokens[i * BS : (i + 1) * BS]))
+        keys.append(parent)
+    return keys
+
+
+def test_a_match_ends_at_the_deepest_checkpoint() -> None:
+    manager, slots = with_checkpoints(8, 4)
+    tokens = list(range(13))
+    table = computed(manager, tokens)  # blocks 0, 1, 2 named
+    assert manager.match_prefix(tokens) == []  # no checkpoint: no hit
+    keys = keys_of(tokens)
+    saved = manager.checkpoint(keys[1])  # the state after 8 tokens
+    assert saved is not None and slots.checkpoints == {saved}
+    assert manager.checkpoint(keys[1]) is None  # saved once
+    hit = manager.match_prefix(tokens)  # three blocks match, the checkpoint is at two
+    assert hit == table.blocks[:2]
+    assert manager.restore_slot(hit) == saved
+    assert manager.restore_slot([]) is None
+    manager.release(BlockTable(BS, hit))
+    manager.release(table)
+    manager.check(idle=True)
+
+
+def test_an_unnamed_block_gets_no_checkpoint() -> None:
+    manager, slots = with_checkpoints(8, 4)
+    assert manager.checkpoint(keys_of([1, 2, 3, 4])[0]) is None
+    assert slots.checkpoints == set()
+
+
+def test_a_checkpoint_is_dropped_with_its_block() -> None:
+    manager, slots = with_checkpoints(2, 4)
+    a = computed(manager, [1, 1, 1, 1, 9])
+    assert manager.checkpoint(keys_of([1, 1, 1, 1])[0]) is not None
+    manager.release(a)
+    b = computed(manager, [5, 5, 5, 5, 5, 5, 5, 6])  # needs both blocks: evicts a's
+    assert slots.checkpoints == set()
+    check_state_conservation(slots)
+    manager.release(b)
+    manager.check(idle=True)
+
+
+def test_check_catches_a_checkpoint_that_outlived_its_block() -> None:
+    manager, _ = with_checkpoints(4, 4)
+    assert manager.checkpoints is not None
+    manager.checkpoints.save(12345)  # saved behind the manager's back, under no named block
+    with pytest.raises(ConservationError, match="1 of 1 state checkpoints outlived their blocks"):
         manager.check()
 
 

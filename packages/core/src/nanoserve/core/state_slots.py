@@ -77,6 +77,24 @@ class StateSlots:
             del self._owner_of[slot]
             self._free.append(slot)
 
+    def keep(self) -> int:
+        """A free slot to hold a checkpoint (a saved state no sequence owns)."""
+        if not self._free:
+            raise StateSlotError(
+                f"no state slot is free for a checkpoint: {self.num_used} used,"
+                f" {len(self.checkpoints)} checkpoints, of {self.num_slots}"
+            )
+        slot = self._free.pop()
+        self.checkpoints.add(slot)
+        return slot
+
+    def drop(self, slot: int) -> None:
+        """Checkpoint slot `slot` returns to the free list."""
+        if slot not in self.checkpoints:
+            raise StateSlotError(f"state slot {slot} holds no checkpoint")
+        self.checkpoints.remove(slot)
+        self._free.append(slot)
+
 
 def check_state_conservation(slots: StateSlots) -> None:
     """free + used + checkpoints == total, and no slot is counted twice."""

@@ -62,6 +62,14 @@ def parse_threads(text: str) -> int | str:
     return _word_or_count(text, ("auto",), "threads", "a server needs at least 1 thread")
 
 
+def parse_checkpoints(text: str) -> int | str:
+    """'auto' or a number of state checkpoints (0: a hybrid's prefix cache is off)."""
+    lowered = str(text).strip().lower()
+    if lowered == "0":
+        return 0
+    return _word_or_count(text, ("auto",), "checkpoints", "use 0 to keep none")
+
+
 def _word_or_count(text: str, words: tuple[str, ...], noun: str, at_least_one: str) -> str | int:
     lowered = str(text).strip().lower()
     if lowered in words:
@@ -166,6 +174,20 @@ OPTIONS: tuple[Option, ...] = (
     Option("--served-model-name", "served_model_name", str, "the `model` clients send"),
     Option("--batch-invariant", "batch_invariant", parse_bool, "tokens ignore batch (1/0)"),
     Option("--prefix-cache", "enable_prefix_cache", parse_bool, "prefix caching (1/0)"),
+    Option(
+        "--state-checkpoints",
+        "state_checkpoints",
+        parse_checkpoints,
+        "a hybrid model's prefix cache: recurrent states kept at block boundaries, N or auto"
+        " (one per --max-batch row within an eighth of --kv-budget; 0 turns its cache off)",
+    ),
+    Option(
+        "--state-checkpoint-interval",
+        "state_checkpoint_interval",
+        int,
+        "a hybrid model's prefix cache: a state checkpoint every N blocks, besides each"
+        " prompt's end (default 32)",
+    ),
     Option(
         "--decode-mode",
         "decode_mode",

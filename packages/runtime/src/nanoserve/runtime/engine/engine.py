@@ -17,12 +17,13 @@ from typing import Any
 
 import torch
 
-from nanoserve.core import BlockTable, plan_kv_pool
-from nanoserve.core.state_pool_plan import StatePoolPlan
+from nanoserve.core import BlockTable
+from nanoserve.core.state_checkpoints import StateCheckpoints
 from nanoserve.core.state_slots import StateSlots
 from nanoserve.runtime.decode.recordings import Backend
 from nanoserve.runtime.decode.warmup import Clock, WarmEstimate, WarmPlan, WarmupReport
 from nanoserve.runtime.engine.config.engine_config import EngineConfig, ResolvedConfig
+from nanoserve.runtime.engine.config.memory_plan import plan_memory
 from nanoserve.runtime.engine.engine_status import EngineStatus, PrefixCacheCounts
 from nanoserve.runtime.engine.requests.request_check import RequestError, check_request
 from nanoserve.runtime.engine.requests.sampling_params import SamplingParams
@@ -71,27 +72,23 @@ class Engine:
         self.boot_started = boot_started
         self.ready_seconds: float | None = None
         cfg = model.config
-        # A hybrid's recurrent state: one slot per running sequence, plus the sink. Its bytes
-        # come out of the K/V budget first.
-        self.state_plan = StatePoolPlan(config.max_batch, cfg.state_shapes)
-        self.pool_plan = plan_kv_pool(
-            num_layers=len(cfg.attention_layers),
-            num_kv_heads=cfg.num_kv_heads,
-            head_dim=cfg.head_dim,
-            dtype=model.kv_dtype,
-            block_size=config.block_size,
-            budget_bytes=config.kv_budget_bytes - self.state_plan.total_bytes,
-        )
+        # A hybrid's recurrent state (a slot per running sequence, its prefix cache's
+        # checkpoints, the sink) comes out of the K/V budget first.
+        self.memory = plan_memory(cfg, config, model.kv_dtype)
+        self.state_plan, self.pool_plan = self.memory.state, self.memory.kv
         if model.device.type == "cpu":
             keep_freed_memory()
         self.pool = KVPool(self.pool_plan, model.device, StatePool(self.state_plan, model.device))
-        # A prefix hit must restore the state at the prefix's end; until states are saved
-        # there (checkpoints), a model with state caches no prefixes.
-        self.prefix_caching = config.enable_prefix_cache and not cfg.state_shapes
+        self.prefix_caching = self.memory.prefix_caching
+        state_slots = StateSlots(self.state_plan.num_slots)
+        rule = self.memory.checkpoints
         self.blocks = BlockManager(
             self.pool_plan.num_blocks,
             config.block_size,
             enable_prefix_cache=self.prefix_caching,
+            checkpoints=StateCheckpoints(state_slots, self.state_plan.checkpoint_slots, rule)
+            if rule is not None
+            else None,
         )
         self.step_timings = step_timings(model, config)  # "auto" on a CPU: timed or remembered
         budget = self.prefill_budget = resolve_prefill_budget(config, self.step_timings)
@@ -103,7 +100,7 @@ class Engine:
             max_waiting=config.max_waiting,
             prefill_budget=self.prefill_budget,
             drafter=self.speculator.drafts if self.speculator is not None else None,
-            state_slots=StateSlots(self.state_plan.num_slots),
+            state_slots=state_slots,
         )
         self.runner = ModelRunner(model, self.pool, config, backend)
         self.eos_token_ids = frozenset(cfg.eos_token_ids) | frozenset(tokenizer.eos_token_ids)
@@ -163,7 +160,7 @@ class Engine:
                 )
             )
         # Parallel samples wait for the first one's prompt, then share its cached blocks.
-        if self.config.enable_prefix_cache:
+        if self.prefix_caching:
             for seq in seqs[1:]:
                 seq.after = seqs[0].seq_id
         self.scheduler.add(seqs)
@@ -234,6 +231,7 @@ class Engine:
         return out
 
     def _execute(self, out: SchedulerOutput) -> torch.Tensor:
+        self.pool.states.copy(out.restores)  # prefix hits start from their checkpoints
         return self.runner.execute(out)  # [rows that sample (a verify row's each), vocab]
 
     def _sample(
@@ -252,7 +250,7 @@ class Engine:
     ) -> list[Delta]:
         """Each sequence takes its token (a verify row: its kept draft, then the target's)."""
         accepted = accepted_drafts(groups, result.token_ids)
-        self.scheduler.commit(out, accepted)
+        self.pool.states.copy(self.scheduler.commit(out, accepted))  # checkpoints saved
         if accepted and self.speculator is not None:
             self.speculator.observe_step(accepted, {g.seq.seq_id: len(g.draft) for g in groups})
         deltas = []

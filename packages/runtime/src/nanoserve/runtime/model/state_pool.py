@@ -10,6 +10,8 @@ used. A slot's old contents never leak into a new sequence: a row at position 0 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 from nanoserve.core.state_pool_plan import StatePoolPlan
@@ -39,6 +41,17 @@ class StatePool:
         with torch.inference_mode():
             for tensor in self.tensors:
                 tensor.mul_(1)
+
+    def copy(self, pairs: Sequence[tuple[int, int]]) -> None:
+        """Copy each pair's state from slot `src` to slot `dst` (a checkpoint saved or
+        restored), every state tensor of every layer."""
+        if not pairs or not self.tensors:
+            return
+        src = torch.tensor([p[0] for p in pairs], dtype=torch.int64, device=self.device)
+        dst = torch.tensor([p[1] for p in pairs], dtype=torch.int64, device=self.device)
+        with torch.inference_mode():
+            for tensor in self.tensors:
+                tensor.index_copy_(0, dst, tensor.index_select(0, src))
 
     def snapshot(self) -> list[torch.Tensor]:
         """Copies of every state tensor, for the warm-up's before/after comparison."""

@@ -165,13 +165,21 @@ def _build_engine(
         f" ({engine.pool_plan.total_bytes / 2**20:.0f} MiB) for {resolved.max_model_len}-token contexts"
     )
     if (state := engine.state_plan).tensors:
+        running = state.num_slots - state.checkpoint_slots
         say(
-            f"recurrent state: {state.num_slots} slots + the sink of"
-            f" {state.bytes_per_slot / 2**10:.1f} KiB each ({state.total_bytes / 2**20:.1f} MiB,"
-            f" float32, {len(model.config.recurrent_layers)} layers)"
+            f"recurrent state: {running} slots + {state.checkpoint_slots} checkpoints + the"
+            f" sink of {state.bytes_per_slot / 2**10:.1f} KiB each"
+            f" ({state.total_bytes / 2**20:.1f} MiB, float32,"
+            f" {len(model.config.recurrent_layers)} layers)"
         )
-        if resolved.enable_prefix_cache:
-            say("prefix cache: off for this model (a hit must restore its recurrent state)")
+        if (rule := engine.memory.checkpoints) is not None:
+            say(
+                f"prefix cache: a state checkpoint every {rule.interval_blocks} blocks"
+                f" ({rule.interval_tokens} tokens) and where each prompt ends; a hit restores"
+                f" the deepest, {state.bytes_per_slot / 2**10:.1f} KiB copied"
+            )
+        elif resolved.enable_prefix_cache:
+            say("prefix cache: off for this model (no state checkpoints: a hit must restore one)")
     if resolved.decode_mode.recorded and resolved.warm:
         check_cancelled(cancel, "before the warm-up")
         warm_engine(engine, say, cancel)
@@ -279,7 +287,10 @@ def boot_line(engine: Engine, seconds: float) -> str:
         f"kv_blocks={plan.num_blocks}x{plan.block_size}",
     ]
     if (state := engine.state_plan).tensors:
-        parts.append(f"state_slots={state.num_slots}x{state.bytes_per_slot}B")
+        parts.append(
+            f"state_slots={state.num_slots - state.checkpoint_slots}"
+            f"+{state.checkpoint_slots}x{state.bytes_per_slot}B"
+        )
     if (speculator := engine.speculator) is not None:
         parts.append(f"speculative={speculator.config.label}")
         if isinstance(draft := speculator.proposer, DraftModel):

@@ -10,6 +10,7 @@ import torch
 
 from nanoserve.core import PrefillBudget
 from nanoserve.core.errors import NanoserveError
+from nanoserve.core.state_checkpoints import DEFAULT_INTERVAL_BLOCKS
 from nanoserve.runtime.engine.config.speculative_config import SpeculativeConfig
 from nanoserve.runtime.kernels.cpu_features import auto_dtype
 from nanoserve.runtime.model.weight_forms import AUTO, KERNEL_FORMS, check_quantize
@@ -110,6 +111,11 @@ class EngineConfig:
     kv_budget_bytes: int = 1 << 30
     max_waiting: int = 256
     enable_prefix_cache: bool = True
+    # A hybrid's prefix cache: recurrent states kept at block boundaries (checkpoints), N slots
+    # or "auto" (one per running sequence within an eighth of the K/V budget; 0: the cache is
+    # off for it), saved every `state_checkpoint_interval` blocks and where each prompt ends.
+    state_checkpoints: int | str = AUTO
+    state_checkpoint_interval: int = DEFAULT_INTERVAL_BLOCKS
     batch_invariant: bool = True  # a row's tokens ignore its batch and its bucket
     decode_mode: DecodeMode | str = DecodeMode.EAGER  # a DecodeMode or its value ("recorded")
     width_multiple: int = 64
@@ -149,7 +155,20 @@ class EngineConfig:
             choices = ", ".join([AUTO, *sorted(DTYPES)])
             raise EngineConfigError(f"dtype must be one of {choices}, got {self.dtype!r}")
         check_kernel_device(quantize, self.device)
-        for name in ("max_batch", "max_num_batched_tokens", "block_size", "width_multiple"):
+        checkpoints = self.state_checkpoints
+        if checkpoints != AUTO and (
+            isinstance(checkpoints, bool) or not isinstance(checkpoints, int) or checkpoints < 0
+        ):
+            raise EngineConfigError(
+                f"state_checkpoints must be auto or an integer >= 0, got {checkpoints!r}"
+            )
+        for name in (
+            "max_batch",
+            "max_num_batched_tokens",
+            "block_size",
+            "width_multiple",
+            "state_checkpoint_interval",
+        ):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise EngineConfigError(f"{name} must be a positive integer, got {value!r}")
@@ -218,6 +237,8 @@ class EngineConfig:
             kv_budget_bytes=self.kv_budget_bytes,
             max_waiting=self.max_waiting,
             enable_prefix_cache=self.enable_prefix_cache,
+            state_checkpoints=self.state_checkpoints,
+            state_checkpoint_interval=self.state_checkpoint_interval,
             batch_invariant=self.batch_invariant,
             decode_mode=DecodeMode(self.decode_mode),
             width_multiple=self.width_multiple,
@@ -254,6 +275,8 @@ class ResolvedConfig:
     kv_budget_bytes: int
     max_waiting: int | None  # None: the waiting queue is unbounded
     enable_prefix_cache: bool
+    state_checkpoints: int | str  # "auto": priced by the engine against its state's bytes
+    state_checkpoint_interval: int  # blocks
     batch_invariant: bool
     decode_mode: DecodeMode
     width_multiple: int

@@ -5,6 +5,10 @@ whole prefix up to that block. The cache holds one reference on every block it n
 whose only owner is the cache is evictable, least recently used first, and evicting it is what
 frees it. With `events` on, every change to the set of named blocks is recorded as a KV event
 (stored, removed, all cleared), so a router's replica of that set stays exact.
+
+A hybrid model's cache also keeps `checkpoints`: recurrent states saved under the keys of the
+blocks they end (core/state_checkpoints.py). Its prefixes match only as deep as the deepest
+checkpoint, and a checkpoint goes with its block.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from dataclasses import dataclass
 
 from nanoserve.core import BlockAllocator, BlockTable, OutOfBlocksError, check_conservation
 from nanoserve.core.blocks import ConservationError
+from nanoserve.core.state_checkpoints import StateCheckpoints
 from nanoserve.runtime.engine.step.kv_events import (
     ROOT_KEY,
     AllBlocksCleared,
@@ -36,10 +41,19 @@ class PrefixCacheStats:
 
 
 class BlockManager:
-    def __init__(self, num_blocks: int, block_size: int, *, enable_prefix_cache: bool = True):
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        *,
+        enable_prefix_cache: bool = True,
+        checkpoints: StateCheckpoints | None = None,
+    ):
         self.allocator = BlockAllocator(num_blocks)
         self.block_size = block_size
         self.enable_prefix_cache = enable_prefix_cache
+        # A hybrid's saved states by block key; None: the model has no recurrent state
+        self.checkpoints = checkpoints
         self._by_key: dict[int, int] = {}  # key -> block
         self._key_of: dict[int, int] = {}  # block -> key
         self._tokens_of: dict[
@@ -124,13 +138,15 @@ class BlockManager:
         """Cached blocks for the longest prefix of whole blocks, each with a reference taken.
 
         The block holding the last token is never matched: that token must be computed to give
-        logits, and its K/V must not be written into a block others share.
+        logits, and its K/V must not be written into a block others share. With checkpoints,
+        the match ends at the deepest block that has one (`restore_slot` names it).
         """
         if not self.enable_prefix_cache:
             return []
         bs = self.block_size
         matchable = (len(token_ids) - 1) // bs
         blocks: list[int] = []
+        deepest = 0  # blocks up to the deepest checkpoint
         parent = ROOT_KEY
         for i in range(matchable):
             tokens = tuple(token_ids[i * bs : (i + 1) * bs])
@@ -140,10 +156,28 @@ class BlockManager:
                 break
             blocks.append(block)
             parent = key
+            if self.checkpoints is not None and key in self.checkpoints:
+                deepest = len(blocks)
+        if self.checkpoints is not None:
+            del blocks[deepest:]
         for block in blocks:
             self.allocator.fork(block)
             self._evictable.pop(block, None)
         return blocks
+
+    def restore_slot(self, blocks: Sequence[int]) -> int | None:
+        """The checkpoint slot holding the state at the end of matched `blocks` (None: no
+        checkpoints, or no blocks)."""
+        if self.checkpoints is None or not blocks:
+            return None
+        return self.checkpoints.use(self._key_of[blocks[-1]])
+
+    def checkpoint(self, key: int) -> int | None:
+        """A slot to save the state at the end of key's block into, if that block is named and
+        has no checkpoint yet; else None."""
+        if self.checkpoints is None or key not in self._by_key:
+            return None
+        return self.checkpoints.save(key)
 
     def count_admitted(self, num_tokens: int, num_cached: int) -> None:
         """A sequence of num_tokens was admitted with num_cached of them from the cache. Counted
@@ -221,6 +255,8 @@ class BlockManager:
         self._key_of.clear()
         self._tokens_of.clear()
         self._evictable.clear()
+        if self.checkpoints is not None:
+            self.checkpoints.clear()
         if self.events is not None:
             self.events.append(AllBlocksCleared())
         return named
@@ -231,16 +267,26 @@ class BlockManager:
         del self._by_key[key]
         del self._tokens_of[block]
         self.allocator.free([block])
+        if self.checkpoints is not None:
+            self.checkpoints.drop(key)
         if self.events is not None:
             self.events.append(BlockRemoved((key,)))
 
     def check(self, *, idle: bool = False) -> None:
-        """Conservation, and when idle: every used block is held by the cache alone."""
+        """Conservation, every state checkpoint's block still named, and when idle: every used
+        block is held by the cache alone."""
         check_conservation(self.allocator)
         for block in self._evictable:
             if self.allocator.ref_count(block) != 1:
                 raise ConservationError(
                     f"evictable block {block} has {self.allocator.ref_count(block)} references"
+                )
+        if self.checkpoints is not None:
+            stray = [key for key in self.checkpoints.saved() if key not in self._by_key]
+            if stray:
+                raise ConservationError(
+                    f"{len(stray)} of {len(self.checkpoints)} state checkpoints outlived their"
+                    f" blocks (keys {stray[:4]})"
                 )
         if idle:
             held = self.allocator.num_used - len(self._evictable)

@@ -10,6 +10,10 @@ Every decoding sequence waits for the prompt tokens its step carries, so with a
 (core/prefill_budget.py): a mixed step stays within a ratio of the decode step alone unless a
 backlog of prompts needs more (then within a burst bound); a step with nothing decoding takes
 the whole token budget unless a burst of prompts is more than it holds.
+
+A hybrid model's prefix cache keeps recurrent states at block boundaries (checkpoints): its
+prompt chunks stop where a state is to be saved, a hit's plan names the checkpoint to restore
+(`restores`), and `commit` names the states to save (core/state_checkpoints.py).
 """
 
 from __future__ import annotations
@@ -78,6 +82,8 @@ Drafter = Callable[[list[Sequence], int], Mapping[int, tuple[int, ...]]]
 class SchedulerOutput:
     scheduled: tuple[ScheduledSeq, ...]  # running order: decodes and chunks together
     preempted: tuple[int, ...]  # seq ids sent back to waiting this step
+    # (checkpoint slot, sequence's slot): states to copy before the step runs (prefix hits)
+    restores: tuple[tuple[int, int], ...] = ()
 
     @property
     def is_decode_only(self) -> bool:
@@ -142,11 +148,12 @@ class Scheduler:
             prompt_budget = min(prompt_budget, tokens)
         scheduled: list[ScheduledSeq] = []
         preempted: list[int] = []
+        restores: list[tuple[int, int]] = []
         index = 0
         while index < len(self.running) and budget > 0:
             seq = self.running[index]
             prompt = seq.uncomputed > 1  # a prompt chunk (or a recomputation), not one token
-            num_new = min(seq.uncomputed, budget, prompt_budget if prompt else 1)
+            num_new = self._cut(seq, min(seq.uncomputed, budget, prompt_budget if prompt else 1))
             if num_new == 0:
                 index += 1
                 continue
@@ -158,10 +165,17 @@ class Scheduler:
                 prompt_budget -= num_new
             index += 1
         if not preempted:
-            self._admit(min(budget, prompt_budget), scheduled)
+            self._admit(min(budget, prompt_budget), scheduled, restores)
             if self.drafter is not None:
                 self._add_drafts(scheduled)
-        return SchedulerOutput(tuple(scheduled), tuple(preempted))
+        return SchedulerOutput(tuple(scheduled), tuple(preempted), tuple(restores))
+
+    def _cut(self, seq: Sequence, num_new: int) -> int:
+        """A prompt chunk stops where a checkpoint is to be saved (a hybrid's prefix cache)."""
+        checkpoints = self.blocks.checkpoints
+        if checkpoints is None or not self.blocks.enable_prefix_cache or num_new <= 1:
+            return num_new
+        return checkpoints.rule.cut(seq.num_computed, num_new, seq.num_tokens)
 
     def _add_drafts(self, scheduled: list[ScheduledSeq]) -> None:
         """Decoding rows become verify rows where the drafter proposes and the pool has the
@@ -209,16 +223,19 @@ class Scheduler:
         seq.reset_for_recompute()
         self.waiting.appendleft(seq)
 
-    def _admit(self, budget: int, scheduled: list[ScheduledSeq]) -> None:
+    def _admit(
+        self, budget: int, scheduled: list[ScheduledSeq], restores: list[tuple[int, int]]
+    ) -> None:
         while self.waiting and budget > 0 and len(self.running) < self.max_batch:
             seq = self.waiting[0]
             if seq.after is not None and not self._sibling_cached(seq.after):
                 break
             tokens = seq.token_ids()
             cached = self.blocks.match_prefix(tokens)
+            restore = self.blocks.restore_slot(cached)  # the state at the hit's end
             seq.block_table.blocks = cached
             seq.num_computed = seq.num_cached = len(cached) * self.blocks.block_size
-            num_new = min(seq.uncomputed, budget)
+            num_new = self._cut(seq, min(seq.uncomputed, budget))
             needed = seq.block_table.blocks_needed(seq.num_computed + num_new)
             # The watermark keeps room for running sequences to grow; with none running it
             # would only refuse a request that fits the pool exactly, forever.
@@ -232,6 +249,8 @@ class Scheduler:
             self.waiting.popleft()
             seq.status = Status.RUNNING
             seq.state_slot = self.state_slots.take(seq.seq_id)
+            if restore is not None:
+                restores.append((restore, seq.state_slot))
             self.running.append(seq)
             scheduled.append(schedule_seq(seq, num_new))
             budget -= num_new
@@ -254,12 +273,19 @@ class Scheduler:
         running = {seq.seq_id: seq for seq in self.running}
         return [running[item.seq_id] for item in out.scheduled]
 
-    def commit(self, out: SchedulerOutput, accepted: Mapping[int, int] | None = None) -> None:
+    def commit(
+        self, out: SchedulerOutput, accepted: Mapping[int, int] | None = None
+    ) -> list[tuple[int, int]]:
         """After a step, before its tokens are appended: advance computed counts, cache blocks
         that became full. A verify row's positions count up to its accepted draft tokens
         (`accepted`, by seq_id); the K/V written for the rejected ones is past the computed
-        count, where no attention reads, and the blocks that held only those are given back."""
+        count, where no attention reads, and the blocks that held only those are given back.
+
+        Returns the states to save, (sequence's slot, checkpoint slot): those of rows whose
+        computed count landed where the checkpoint rule saves."""
         block_size, caching = self.blocks.block_size, self.blocks.enable_prefix_cache
+        checkpoints = self.blocks.checkpoints if caching else None
+        saves: list[tuple[int, int]] = []
         for seq, item in zip(self.seqs_of(out), out.scheduled, strict=True):
             kept = item.draft[: (accepted or {}).get(item.seq_id, 0)]
             seq.num_computed += item.num_new - len(item.draft) + len(kept)
@@ -269,6 +295,13 @@ class Scheduler:
                 self.blocks.cache_full_blocks(
                     seq.block_table, [*seq.token_ids(), *kept], seq.num_computed, seq.block_hashes
                 )
+            if checkpoints is not None and checkpoints.rule.saves_at(
+                seq.num_computed, seq.num_tokens
+            ):
+                key = seq.block_hashes[seq.num_computed // block_size - 1]
+                if (slot := self.blocks.checkpoint(key)) is not None:
+                    saves.append((_state_slot(seq), slot))
+        return saves
 
     def finish(self, seq: Sequence) -> None:
         """Free a finished or aborted sequence at once."""
