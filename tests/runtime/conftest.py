@@ -25,8 +25,15 @@ import torch
 from nanoserve.runtime.loading.checkpoint import Checkpoint, load_checkpoint
 from nanoserve.runtime.loading.embedded import embedded_model_path
 from tests import tiny_models
+from tests.runtime import isa_paths
 
 # -- the helpers, as fixtures --------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def runnable_isas() -> Iterator[list[str]]:
+    """The kernel ISA paths this CPU runs, worst first (the kernels built and loaded)."""
+    yield from isa_paths.runnable_isas()
 
 
 @pytest.fixture(scope="session")

@@ -7,9 +7,8 @@ can run (portable C++, AVX2, AVX-512 VNNI) against the portable one, op by op.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
 
 import pytest
 import torch
@@ -17,44 +16,13 @@ import torch
 from nanoserve.core.token_bitmask import apply_token_bitmask
 from nanoserve.runtime.errors import KernelBuildError
 from nanoserve.runtime.kernels import cpu_kernels
-from nanoserve.runtime.kernels.cpu_kernels import ISAS, CpuKernels, load_cpu_kernels
+from nanoserve.runtime.kernels.cpu_kernels import CpuKernels, load_cpu_kernels
 from nanoserve.runtime.loading.gguf_blocks import GgufBlocks
 from nanoserve.runtime.loading.gguf_types import BY_NAME, KERNEL_TYPES
 from nanoserve.runtime.model.quant_weight import QuantLinear, QuantWeight
-
-T = TypeVar("T")
+from tests.runtime.isa_paths import assert_same_bits, on_every_isa
 
 ops = torch.ops.nanoserve
-
-
-@pytest.fixture(scope="module")
-def runnable_isas() -> Iterator[list[str]]:
-    kernels = load_cpu_kernels()
-    best = CpuKernels.best_isa()
-    assert kernels.isa == best
-    yield list(ISAS[: ISAS.index(best) + 1])
-    CpuKernels.force_isa("auto")
-
-
-def on_every_isa(isas: list[str], run: Callable[[], T]) -> dict[str, T]:
-    results: dict[str, T] = {}
-    for isa in isas:
-        assert CpuKernels.force_isa(isa) == isa
-        results[isa] = run()
-    CpuKernels.force_isa("auto")
-    return results
-
-
-def assert_same_bits(results: Mapping[str, Any]) -> None:
-    reference = results["portable"]
-    for isa, result in results.items():
-        pairs = (
-            zip(reference, result, strict=True)
-            if isinstance(result, tuple)
-            else [(reference, result)]
-        )
-        for want, got in pairs:
-            assert torch.equal(want, got), f"{isa} differs from portable"
 
 
 def test_the_path_is_chosen_from_the_cpu(runnable_isas: list[str]) -> None:

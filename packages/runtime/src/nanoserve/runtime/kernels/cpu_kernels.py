@@ -34,6 +34,7 @@ SOURCES = (
     "library.cpp",
     "weight_ops.cpp",
     "weight_types.cpp",
+    "recurrent_ops.cpp",
     "isa_avx512.cpp",
     "isa_avx2.cpp",
     "isa_portable.cpp",

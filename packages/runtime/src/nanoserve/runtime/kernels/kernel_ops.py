@@ -105,6 +105,53 @@ def head_rms_norm(
     _ops.head_rms_norm(qkv, q_weight, k_weight, heads, kv_heads, eps)
 
 
+def delta_net_step(
+    state: torch.Tensor,
+    slots: torch.Tensor,
+    positions: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    decay: torch.Tensor,
+    beta: torch.Tensor,
+) -> torch.Tensor:
+    """One token of gated DeltaNet per row: each row's state [heads, k_dim, v_dim] updated in
+    place in `state` [slots + 1, ...] at its slot (read as zero at position 0; the sink, the
+    last slot, never written); returns o [rows, heads, v_dim]. q, k [rows, heads, k_dim], v
+    [rows, heads, v_dim], decay = exp(g) and beta [rows, heads], all float32."""
+    return _ops.delta_net_step(state, slots, positions, q, k, v, decay, beta)
+
+
+def conv_step(
+    state: torch.Tensor,
+    slots: torch.Tensor,
+    positions: torch.Tensor,
+    x: torch.Tensor,
+    kernel: torch.Tensor,
+    bias: torch.Tensor | None,
+) -> torch.Tensor:
+    """One token of a causal depthwise convolution per row: y [rows, channels] from each row's
+    window in `state` [slots + 1, channels, taps - 1] (empty at position 0) and x [rows,
+    channels]; the window updated in place (the sink, the last slot, never written)."""
+    return _ops.conv_step(state, slots, positions, x, kernel, bias)
+
+
+def ssm_step(
+    state: torch.Tensor,
+    slots: torch.Tensor,
+    positions: torch.Tensor,
+    u: torch.Tensor,
+    b: torch.Tensor,
+    c: torch.Tensor,
+    decay: torch.Tensor,
+) -> torch.Tensor:
+    """One token of Mamba2's state space per row: S' = decay S + u b^T in place in `state`
+    [slots + 1, heads, head_dim, d_state] (read as zero at position 0; the sink never written),
+    returns y = S' c [rows, heads, head_dim]. u = dt x [rows, heads, head_dim], b and c [rows,
+    heads, d_state], decay = exp(dt A) [rows, heads]."""
+    return _ops.ssm_step(state, slots, positions, u, b, c, decay)
+
+
 def argmax(x: torch.Tensor) -> torch.Tensor:
     """Per row of a contiguous float32 [rows, k], the first maximum's index (torch's NaN rule)."""
     return _ops.argmax(x)

@@ -29,8 +29,14 @@ import torch
 import torch.nn.functional as F
 
 from nanoserve.core import DecodePlan, PrefillPlan
+from nanoserve.runtime.kernels import kernel_ops
 from nanoserve.runtime.loading.recurrent_layers import DeltaNetLayers
-from nanoserve.runtime.model.recurrent_rows import run_chunks, starting_state, whole_vectors
+from nanoserve.runtime.model.recurrent_rows import (
+    InPlaceStep,
+    run_chunks,
+    starting_state,
+    whole_vectors,
+)
 from nanoserve.runtime.model.short_conv import causal_conv
 
 BLOCK = 64  # tokens solved at once in a chunk (the fla kernels' and transformers' block)
@@ -55,14 +61,16 @@ def delta_net(
     state: torch.Tensor,  # [slots + 1, v_heads, k_dim, v_dim]
     weights: DeltaNetWeights,
     shape: DeltaNetLayers,
+    native: bool = False,
 ) -> torch.Tensor:
     """The gated, normalised output of every token, [tokens, v_heads * v_dim] float32 (what the
-    output projection reads); each row's or chunk's state written to its slot."""
+    output projection reads); each row's or chunk's state written to its slot. native: one-token
+    rows take nanoserve's C++ step, in place on the pool (CPU kernels); else torch's."""
     tokens = projected.shape[0]
     mixed, z, b, a = projected.float().split(
         [shape.conv_size, shape.value_size, shape.v_heads, shape.v_heads], dim=1
     )
-    mixed = causal_conv(mixed, plan, conv_state, weights.conv_kernel, None)
+    mixed = causal_conv(mixed, plan, conv_state, weights.conv_kernel, None, native)
     mixed = whole_vectors(F.silu, mixed)
     q, k, v = mixed.split([shape.key_size, shape.key_size, shape.value_size], dim=1)
     repeat = shape.v_heads // shape.k_heads  # each key head serves this many value heads
@@ -75,15 +83,38 @@ def delta_net(
     v = v.reshape(tokens, shape.v_heads, shape.v_dim)
     beta = whole_vectors(torch.sigmoid, b)  # [tokens, v_heads]
     g = weights.decay_rate * whole_vectors(F.softplus, a + weights.dt_bias)  # <= 0
-    if isinstance(plan, DecodePlan):
+    in_place = _in_place(state) if native else None
+    if isinstance(plan, DecodePlan) and in_place is not None:
+        out = in_place(q, k, v, g, beta, plan.state_slots, plan.positions)
+    elif isinstance(plan, DecodePlan):
         start = starting_state(state, plan.state_slots, plan.positions)
         out, final = step(q, k, v, g, beta, start)
         state.index_copy_(0, plan.state_slots, final)
     else:
-        out = run_chunks((q, k, v, g, beta), plan, state, step, chunked, v)
+        out = run_chunks((q, k, v, g, beta), plan, state, step, chunked, v, in_place)
     normed = out / torch.sqrt(out.pow(2).mean(-1, keepdim=True) + weights.eps) * weights.norm
     gated = normed.reshape(tokens, shape.value_size) * whole_vectors(F.silu, z)
     return gated
+
+
+def _in_place(state: torch.Tensor) -> InPlaceStep:
+    """The C++ decode step on `state` (kernels/csrc/recurrent.h): each row's state read once
+    and updated in place in the pool, with no copy gathered or scattered."""
+
+    def run(
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        g: torch.Tensor,
+        beta: torch.Tensor,
+        slots: torch.Tensor,
+        positions: torch.Tensor,
+    ) -> torch.Tensor:
+        decay = whole_vectors(torch.exp, g)
+        args = (x.contiguous() for x in (q, k, v, decay, beta))
+        return kernel_ops.delta_net_step(state, slots, positions, *args)
+
+    return run
 
 
 def _l2_normalise(x: torch.Tensor) -> torch.Tensor:

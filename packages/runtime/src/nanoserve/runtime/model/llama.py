@@ -287,18 +287,23 @@ class LlamaModel:
             mixer_in = self._linear(h, layer.qkv, layer.qkv_bias)  # [tokens, q + 2 kv]
             if index in self.state_index:  # a recurrent layer
                 state = self.state_index[index]
+                native = self.ops.name == "nanoserve"  # decode steps in C++, on the pool
                 if layer.delta is not None:  # Qwen3.5's gated DeltaNet
                     assert cfg.delta_net is not None
                     window, matrix = cache.state(state, plan), cache.state(state + 1, plan)
-                    mixed = delta_net(mixer_in, plan, window, matrix, layer.delta, cfg.delta_net)
+                    mixed = delta_net(
+                        mixer_in, plan, window, matrix, layer.delta, cfg.delta_net, native
+                    )
                 elif layer.mamba is not None:  # Granite 4.0-H's Mamba2
                     assert cfg.mamba is not None
                     window, matrix = cache.state(state, plan), cache.state(state + 1, plan)
-                    mixed = mamba2(mixer_in, plan, window, matrix, layer.mamba, cfg.mamba)
+                    mixed = mamba2(mixer_in, plan, window, matrix, layer.mamba, cfg.mamba, native)
                 else:  # LFM2's short convolution
                     assert layer.conv_kernel is not None
                     window = cache.state(state, plan)
-                    mixed = short_conv(mixer_in, plan, window, layer.conv_kernel, layer.conv_bias)
+                    mixed = short_conv(
+                        mixer_in, plan, window, layer.conv_kernel, layer.conv_bias, native
+                    )
                 mixed = mixed.to(x.dtype)  # [tokens, what the output projection reads]
                 if trim:
                     assert isinstance(plan, PrefillPlan)

@@ -26,8 +26,14 @@ import torch
 import torch.nn.functional as F
 
 from nanoserve.core import DecodePlan, PrefillPlan
+from nanoserve.runtime.kernels import kernel_ops
 from nanoserve.runtime.loading.recurrent_layers import Mamba2Layers
-from nanoserve.runtime.model.recurrent_rows import run_chunks, starting_state, whole_vectors
+from nanoserve.runtime.model.recurrent_rows import (
+    InPlaceStep,
+    run_chunks,
+    starting_state,
+    whole_vectors,
+)
 from nanoserve.runtime.model.short_conv import causal_conv
 
 BLOCK = 64  # tokens in one SSD block (the L matrix is BLOCK x BLOCK per head)
@@ -53,12 +59,14 @@ def mamba2(
     state: torch.Tensor,  # [slots + 1, heads, head_dim, d_state]
     weights: Mamba2Weights,
     shape: Mamba2Layers,
+    native: bool = False,
 ) -> torch.Tensor:
     """The gated, normalised output of every token, [tokens, heads * head_dim] float32 (what
-    the output projection reads); each row's or chunk's state written to its slot."""
+    the output projection reads); each row's or chunk's state written to its slot. native:
+    one-token rows take nanoserve's C++ steps, in place on the pool (CPU kernels)."""
     tokens, heads, group_size = projected.shape[0], shape.heads, shape.groups * shape.d_state
     z, xbc, dt = projected.float().split([shape.inner_size, shape.conv_size, heads], dim=1)
-    xbc = causal_conv(xbc, plan, conv_state, weights.conv_kernel, weights.conv_bias)
+    xbc = causal_conv(xbc, plan, conv_state, weights.conv_kernel, weights.conv_bias, native)
     xbc = whole_vectors(F.silu, xbc)
     x, b, c = xbc.split([shape.inner_size, group_size, group_size], dim=1)
     x = x.reshape(tokens, heads, shape.head_dim)
@@ -66,12 +74,15 @@ def mamba2(
     b = b.reshape(tokens, shape.groups, shape.d_state).repeat_interleave(per_group, dim=1)
     c = c.reshape(tokens, shape.groups, shape.d_state).repeat_interleave(per_group, dim=1)
     dt = whole_vectors(F.softplus, dt + weights.dt_bias).clamp(shape.dt_min, shape.dt_max)
-    if isinstance(plan, DecodePlan):
+    rate = weights.decay_rate
+    in_place = _in_place(state, rate) if native else None
+    if isinstance(plan, DecodePlan) and in_place is not None:
+        y = in_place(x, b, c, dt, plan.state_slots, plan.positions)
+    elif isinstance(plan, DecodePlan):
         start = starting_state(state, plan.state_slots, plan.positions)
-        y, final = step(x, b, c, dt, weights.decay_rate, start)
+        y, final = step(x, b, c, dt, rate, start)
         state.index_copy_(0, plan.state_slots, final)
     else:
-        rate = weights.decay_rate
         y = run_chunks(
             (x, b, c, dt),
             plan,
@@ -79,12 +90,33 @@ def mamba2(
             lambda x, b, c, dt, s: step(x, b, c, dt, rate, s),
             lambda x, b, c, dt, s: chunked(x, b, c, dt, rate, s),
             x,
+            in_place,
         )
     y = (y + weights.skip[:, None] * x).reshape(tokens, shape.inner_size)
     gated = y * whole_vectors(F.silu, z)
     groups = gated.reshape(tokens, shape.groups, shape.inner_size // shape.groups)
     normed = groups / torch.sqrt(groups.pow(2).mean(-1, keepdim=True) + weights.eps)
     return normed.reshape(tokens, shape.inner_size) * weights.norm
+
+
+def _in_place(state: torch.Tensor, decay_rate: torch.Tensor) -> InPlaceStep:
+    """The C++ decode step on `state` (kernels/csrc/recurrent.h): each row's state updated in
+    place in the pool, with no copy gathered or scattered."""
+
+    def run(
+        x: torch.Tensor,
+        b: torch.Tensor,
+        c: torch.Tensor,
+        dt: torch.Tensor,
+        slots: torch.Tensor,
+        positions: torch.Tensor,
+    ) -> torch.Tensor:
+        decay = whole_vectors(torch.exp, dt * decay_rate)
+        u = dt[..., None] * x
+        args = (t.contiguous() for t in (u, b, c, decay))
+        return kernel_ops.ssm_step(state, slots, positions, *args)
+
+    return run
 
 
 def step(

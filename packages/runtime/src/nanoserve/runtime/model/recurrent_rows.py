@@ -25,6 +25,9 @@ from nanoserve.core import PrefillPlan
 
 # (inputs..., states) -> (outputs, states): one token per row, or one chunk of one sequence
 Recurrence = Callable[..., tuple[torch.Tensor, torch.Tensor]]
+# (inputs..., slots, positions) -> outputs: one token per row, each row's state updated in
+# place in the pool (a C++ decode step)
+InPlaceStep = Callable[..., torch.Tensor]
 
 LANES = 32  # float32 lanes of two AVX-512 vectors (a multiple of AVX2's pair)
 
@@ -52,22 +55,36 @@ def run_chunks(
     step: Recurrence,
     chunked: Recurrence,
     out_like: torch.Tensor,  # [tokens, ...]: the outputs' shape
+    in_place: InPlaceStep | None = None,
 ) -> torch.Tensor:
     """Every chunk of a prompt step from its slot's state (zero at position 0), its final
     state written back: chunks of one token (decode rows riding in the step) together by
-    `step`, so their bits are a decode step's; longer ones each by `chunked`."""
+    `in_place` where given (a decode step's kernel, on the pool itself) or else by `step`, so
+    their bits are a decode step's; longer ones each by `chunked`."""
     starts = plan.query_starts
-    first = torch.tensor(starts[:-1], dtype=torch.int64, device=out_like.device)
-    begin = starting_state(state, plan.state_slots, plan.positions[first])  # [chunks, ...]
+    lengths = [starts[c + 1] - starts[c] for c in range(len(starts) - 1)]
+    device = out_like.device
     out = torch.empty_like(out_like)
+    ones = [c for c, n in enumerate(lengths) if n == 1]
+    gathered = list(range(len(lengths)))
+    if in_place is not None and ones:
+        rows = torch.tensor([starts[c] for c in ones], dtype=torch.int64, device=device)
+        slots = plan.state_slots[ones]
+        out[rows] = in_place(*(x[rows] for x in inputs), slots, plan.positions[rows])
+        gathered = [c for c, n in enumerate(lengths) if n > 1]
+        if not gathered:
+            return out
+    index = torch.tensor(gathered, dtype=torch.int64, device=device)
+    first = torch.tensor([starts[c] for c in gathered], dtype=torch.int64, device=device)
+    begin = starting_state(state, plan.state_slots[index], plan.positions[first])
     finals = torch.empty_like(begin)
-    single = [c for c in range(len(starts) - 1) if starts[c + 1] - starts[c] == 1]
+    single = [i for i, c in enumerate(gathered) if lengths[c] == 1]
     if single:
         rows = first[single]
         out[rows], finals[single] = step(*(x[rows] for x in inputs), begin[single])
-    for c in range(len(starts) - 1):
+    for i, c in enumerate(gathered):
         lo, hi = starts[c], starts[c + 1]
         if hi - lo > 1:
-            out[lo:hi], finals[c] = chunked(*(x[lo:hi] for x in inputs), begin[c])
-    state.index_copy_(0, plan.state_slots, finals)
+            out[lo:hi], finals[i] = chunked(*(x[lo:hi] for x in inputs), begin[i])
+    state.index_copy_(0, plan.state_slots[index], finals)
     return out

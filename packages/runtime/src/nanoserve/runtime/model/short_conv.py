@@ -23,6 +23,7 @@ from __future__ import annotations
 import torch
 
 from nanoserve.core import DecodePlan, PrefillPlan
+from nanoserve.runtime.kernels import kernel_ops
 
 
 def short_conv(
@@ -31,10 +32,12 @@ def short_conv(
     state: torch.Tensor,  # [state slots + 1, hidden, taps - 1] float32
     kernel: torch.Tensor,  # [hidden, taps] float32
     bias: torch.Tensor | None,  # [hidden] float32
+    native: bool = False,
 ) -> torch.Tensor:
-    """LFM2's C * conv(B * x), [tokens, hidden] float32; each row's window written to its slot."""
+    """LFM2's C * conv(B * x), [tokens, hidden] float32; each row's window written to its slot.
+    native: a decode step runs nanoserve's C++ step, in place on the pool."""
     b, c, x = bcx.float().split(kernel.shape[0], dim=1)
-    return c * causal_conv(b * x, plan, state, kernel, bias)
+    return c * causal_conv(b * x, plan, state, kernel, bias, native)
 
 
 def causal_conv(
@@ -43,9 +46,15 @@ def causal_conv(
     state: torch.Tensor,  # [state slots + 1, channels, taps - 1] float32
     kernel: torch.Tensor,  # [channels, taps] float32
     bias: torch.Tensor | None,  # [channels] float32
+    native: bool = False,
 ) -> torch.Tensor:
-    """conv(u), [tokens, channels] float32; each row's (or chunk's) window written to its slot."""
+    """conv(u), [tokens, channels] float32; each row's (or chunk's) window written to its slot.
+    native: a decode step runs nanoserve's C++ step (kernels/csrc/recurrent.h), each window
+    read and shifted in place, its products and sums in this function's order (so its bits
+    are a one-token prompt chunk's)."""
     taps = kernel.shape[1]
+    if isinstance(plan, DecodePlan) and native:
+        return kernel_ops.conv_step(state, plan.state_slots, plan.positions, bx, kernel, bias)
     if isinstance(plan, DecodePlan):
         windows = _decode_windows(bx, plan, state)  # [rows, taps, channels]
         last = windows[:, 1:]  # [rows, taps - 1, channels]

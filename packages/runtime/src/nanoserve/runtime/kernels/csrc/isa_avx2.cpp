@@ -16,6 +16,7 @@ namespace nanoserve::avx2 {
 #define NS_ROW_TILE 4
 #define NS_ISA_NAME "avx2"
 #include "simd.h"
+#include "recurrent.h"
 #include "kernels.h"
 }  // namespace nanoserve::avx2
 #pragma GCC pop_options

@@ -16,6 +16,7 @@ namespace nanoserve::avx512 {
 #define NS_ROW_TILE 8
 #define NS_ISA_NAME "avx512-vnni"
 #include "simd.h"
+#include "recurrent.h"
 #include "kernels.h"
 }  // namespace nanoserve::avx512
 #pragma GCC pop_options

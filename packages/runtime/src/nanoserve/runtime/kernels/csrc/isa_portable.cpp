@@ -11,6 +11,7 @@ namespace nanoserve::portable {
 #define NS_ROW_TILE 4
 #define NS_ISA_NAME "portable"
 #include "simd.h"
+#include "recurrent.h"
 #include "kernels.h"
 }  // namespace nanoserve::portable
 

@@ -68,6 +68,47 @@ struct RopeArgs {
   int64_t rot_dim;              // dimensions rotary turns (head_dim, or fewer: partial rotary)
 };
 
+// One token of gated DeltaNet per (row, value head): the state updated in place (recurrent.h).
+struct DeltaStepArgs {
+  float* state;               // [slots + 1, heads, k_dim, v_dim]: the layer's state pool
+  const int64_t* slots;       // [rows]: each row's state slot (the last: the sink, padding)
+  const int64_t* positions;   // [rows]: 0 starts a sequence (no state is read)
+  const float* q;             // [rows, heads, k_dim]: normalised and scaled
+  const float* k;             // [rows, heads, k_dim]: normalised
+  const float* v;             // [rows, heads, v_dim]
+  const float* decay;         // [rows, heads]: exp(g)
+  const float* beta;          // [rows, heads]
+  float* out;                 // [rows, heads, v_dim]
+  int64_t num_slots;          // slots + 1
+  int64_t heads, k_dim, v_dim;  // v_dim a multiple of 16
+};
+
+// One token of a causal depthwise convolution per row: the window updated in place.
+struct ConvStepArgs {
+  float* state;               // [slots + 1, channels, taps - 1]: each row's last inputs
+  const int64_t* slots;       // [rows]
+  const int64_t* positions;   // [rows]: 0 starts a sequence (an empty window)
+  const float* x;             // [rows, channels], row stride x_stride
+  int64_t x_stride;
+  const float* kernel;        // [channels, taps]
+  const float* bias;          // [channels] or null
+  float* out;                 // [rows, channels]
+  int64_t num_slots, channels, taps;  // taps >= 2
+};
+
+// One token of Mamba2's state space per (row, head): the state updated in place.
+struct SsmStepArgs {
+  float* state;               // [slots + 1, heads, head_dim, d_state]
+  const int64_t* slots;       // [rows]
+  const int64_t* positions;   // [rows]: 0 starts a sequence (no state is read)
+  const float* u;             // [rows, heads, head_dim]: dt * x
+  const float* b;             // [rows, heads, d_state]
+  const float* c;             // [rows, heads, d_state]
+  const float* decay;         // [rows, heads]: exp(dt * A)
+  float* out;                 // [rows, heads, head_dim]
+  int64_t num_slots, heads, head_dim, d_state;  // d_state a multiple of 16
+};
+
 struct KernelTable {
   const char* name;
   // rows [r0, r1) of x [rows, k] (k a multiple of 32) into q, d, s, qsum.
@@ -90,6 +131,12 @@ struct KernelTable {
   void (*gelu_mul)(const float* gate_up, float* out, int64_t half, int64_t r0, int64_t r1);
   // rows [r0, r1) of [rows, k]: the index of each row's first maximum.
   void (*argmax)(const float* x, int64_t k, int64_t* out, int64_t r0, int64_t r1);
+  // tasks [t0, t1) of rows x heads; scratch holds v_dim floats; false on a slot outside the pool.
+  bool (*delta_step)(const DeltaStepArgs& a, int64_t t0, int64_t t1, float* scratch);
+  // rows [r0, r1); false on a slot outside the pool.
+  bool (*conv_step)(const ConvStepArgs& a, int64_t r0, int64_t r1);
+  // tasks [t0, t1) of rows x heads; false on a slot outside the pool.
+  bool (*ssm_step)(const SsmStepArgs& a, int64_t t0, int64_t t1);
   int64_t row_tile;  // rows a linear reads one weight group for (register blocking)
 };
 

@@ -11,7 +11,8 @@
 //   - norms, rotary and SiLU: per row, 16 lanes and the fixed tree.
 // So a row's result is the same alone or batched, eager or replayed, on AVX-512 or AVX2.
 //
-// Needs: NS_ROW_TILE (rows per weight pass), and the types and functions of simd.h.
+// Needs: NS_ROW_TILE (rows per weight pass), the types and functions of simd.h, and the
+// recurrent layers' steps of recurrent.h.
 
 inline int32_t load_x4(const int8_t* p) {
   int32_t v;
@@ -404,5 +405,5 @@ void argmax_rows(const float* x, int64_t k, int64_t* out, int64_t r0, int64_t r1
 
 const KernelTable table = {
     NS_ISA_NAME, quantize, linear_kernel, attention, rope_write_kv, rms_norm, silu_mul,
-    gelu_mul, argmax_rows, NS_ROW_TILE,
+    gelu_mul, argmax_rows, delta_step, conv_step, ssm_step, NS_ROW_TILE,
 };

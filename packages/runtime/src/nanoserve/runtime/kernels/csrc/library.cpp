@@ -4,8 +4,8 @@
 // calls the kernel table of one ISA, chosen at load from what the CPU supports (AVX-512 with
 // VNNI, else AVX2 with FMA and F16C, else plain C++), as llama.cpp does. The tables compute the
 // same bits, so the choice changes speed only; `force_isa` lets tests compare them. The
-// weights' ops (the linears, packing, dequantizing) are in weight_ops.cpp; all are registered
-// here.
+// weights' ops (the linears, packing, dequantizing) are in weight_ops.cpp, the recurrent
+// layers' steps in recurrent_ops.cpp; all are registered here.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -311,6 +311,12 @@ TORCH_LIBRARY(nanoserve, m) {
   m.def("head_rms_norm(Tensor(a!) qkv, Tensor q_weight, Tensor k_weight, int heads, int kv_heads, "
         "float eps) -> ()");
   m.def("argmax(Tensor x) -> Tensor");
+  m.def("delta_net_step(Tensor(a!) state, Tensor slots, Tensor positions, Tensor q, Tensor k, "
+        "Tensor v, Tensor decay, Tensor beta) -> Tensor");
+  m.def("conv_step(Tensor(a!) state, Tensor slots, Tensor positions, Tensor x, Tensor kernel, "
+        "Tensor? bias=None) -> Tensor");
+  m.def("ssm_step(Tensor(a!) state, Tensor slots, Tensor positions, Tensor u, Tensor b, "
+        "Tensor c, Tensor decay) -> Tensor");
   m.def("apply_token_bitmask(Tensor(a!) logits, Tensor bitmask, Tensor rows) -> ()");
   m.def("kernel_isa() -> str", nanoserve::kernel_isa);
   m.def("best_isa() -> str", nanoserve::best_isa);
@@ -329,5 +335,8 @@ TORCH_LIBRARY_IMPL(nanoserve, CPU, m) {
   m.impl("gelu_mul", nanoserve::gelu_mul);
   m.impl("head_rms_norm", nanoserve::head_rms_norm);
   m.impl("argmax", nanoserve::argmax);
+  m.impl("delta_net_step", nanoserve::delta_net_step);
+  m.impl("conv_step", nanoserve::conv_step);
+  m.impl("ssm_step", nanoserve::ssm_step);
   m.impl("apply_token_bitmask", nanoserve::apply_token_bitmask);
 }

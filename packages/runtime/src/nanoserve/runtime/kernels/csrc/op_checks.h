@@ -48,4 +48,15 @@ at::Tensor dequantize_rows(const at::Tensor& rows, int64_t ggml, int64_t k,
                            const std::optional<at::Tensor>& ids);
 std::tuple<std::string, int64_t, int64_t, int64_t, bool> weight_type_info(int64_t ggml);
 
+// The recurrent layers' ops (recurrent_ops.cpp).
+at::Tensor delta_net_step(at::Tensor state, const at::Tensor& slots, const at::Tensor& positions,
+                          const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                          const at::Tensor& decay, const at::Tensor& beta);
+at::Tensor conv_step(at::Tensor state, const at::Tensor& slots, const at::Tensor& positions,
+                     const at::Tensor& x, const at::Tensor& kernel,
+                     const std::optional<at::Tensor>& bias);
+at::Tensor ssm_step(at::Tensor state, const at::Tensor& slots, const at::Tensor& positions,
+                    const at::Tensor& u, const at::Tensor& b, const at::Tensor& c,
+                    const at::Tensor& decay);
+
 }  // namespace nanoserve
