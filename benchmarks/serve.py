@@ -205,7 +205,8 @@ def memory_rows(
     rows = []
     for who, server in servers.items():
         if who == "nanoserve":
-            reserved = {"K/V pool (paged in as used)": nanoserve_reserved_mib(server.url)}
+            label = "K/V pool and a hybrid's state with its checkpoints (paged in as used)"
+            reserved = {label: nanoserve_reserved_mib(server.url)}
         else:
             buffers = reserved_mib(
                 peer, gguf, threads, cache_mode=who.removeprefix("llama.cpp "),

@@ -27,6 +27,14 @@ def test_states_are_saved_every_interval_and_where_a_prompt_ends() -> None:
     assert RULE.interval_tokens == 8
 
 
+def test_a_prompt_shorter_than_an_interval_saves_nothing_at_its_end() -> None:
+    # 7 tokens: the boundary at 4 is less than an interval (8) in: not worth a cut chunk.
+    assert RULE.prompt_end(7) == 0
+    assert not any(RULE.saves_at(p, 7) for p in range(8))
+    assert RULE.cut(0, 7, 7) == 7
+    assert RULE.prompt_end(10) == 8  # at an interval: saved as one anyway
+
+
 def test_a_chunk_stops_at_the_next_saving_position() -> None:
     assert RULE.cut(0, 64, 23) == 8  # the interval
     assert RULE.cut(8, 64, 23) == 8

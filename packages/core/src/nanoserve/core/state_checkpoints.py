@@ -6,8 +6,10 @@ state is different: it sums every token before it, so it serves only at the exac
 where it was saved. A checkpoint is a copy of a sequence's state slot, taken when its computed
 count lands on a block boundary and kept under that block's prefix-cache key.
 `CheckpointRule` says where: every `interval_blocks` blocks, and at the last block boundary
-before a prompt's final token (the deepest point a repeat of that prompt can match). A prompt's
-chunks are cut at those positions, so the state is there to be copied.
+before a prompt's final token (the deepest point a repeat of that prompt can match) when that
+is at least one interval in (a shorter prompt costs little to recompute, and cutting it would
+cost a step). A prompt's chunks are cut at those positions, so the state is there to be
+copied.
 
 A hit restores the deepest checkpoint within the matched blocks and recomputes the rest.
 Checkpoint slots come out of the state pool's count (free + used + checkpoints == total).
@@ -46,8 +48,10 @@ class CheckpointRule:
         return self.interval_blocks * self.block_size
 
     def prompt_end(self, num_tokens: int) -> int:
-        """The last block boundary before a sequence's final token (what a repeat matches)."""
-        return (num_tokens - 1) // self.block_size * self.block_size
+        """The last block boundary before a sequence's final token (what a repeat matches),
+        where a state is saved if it is at least one interval in; else 0 (none)."""
+        end = (num_tokens - 1) // self.block_size * self.block_size
+        return end if end >= self.interval_tokens else 0
 
     def saves_at(self, position: int, num_tokens: int) -> bool:
         """Whether the state computed through `position` tokens of a sequence of num_tokens is

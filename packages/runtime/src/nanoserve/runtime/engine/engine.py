@@ -17,7 +17,6 @@ from typing import Any
 
 import torch
 
-from nanoserve.core import BlockTable
 from nanoserve.core.state_checkpoints import StateCheckpoints
 from nanoserve.core.state_slots import StateSlots
 from nanoserve.runtime.decode.recordings import Backend
@@ -34,7 +33,7 @@ from nanoserve.runtime.engine.step.kv_events import KVEvent
 from nanoserve.runtime.engine.step.runner import ModelRunner
 from nanoserve.runtime.engine.step.sampler import SampleResult, sample
 from nanoserve.runtime.engine.step.scheduler import Scheduler, SchedulerOutput
-from nanoserve.runtime.engine.step.sequence import Delta, Sequence, Status
+from nanoserve.runtime.engine.step.sequence import Delta, Sequence, Status, request_sequences
 from nanoserve.runtime.engine.step.verify import RowGroup, accepted_drafts, append_kept
 from nanoserve.runtime.engine.timing.step_timing import resolve_prefill_budget, step_timings
 from nanoserve.runtime.kernels.cpu_features import cpu_features
@@ -46,7 +45,7 @@ from nanoserve.runtime.structured.grammar_compiler import GrammarCompiler
 from nanoserve.runtime.structured.grammar_spec import GrammarSpec
 from nanoserve.runtime.structured.token_masks import TokenMasks
 from nanoserve.runtime.text.chat_template import ChatTemplate
-from nanoserve.runtime.text.tokenizer import IncrementalDetokenizer, Tokenizer
+from nanoserve.runtime.text.tokenizer import Tokenizer
 
 
 class Engine:
@@ -138,27 +137,18 @@ class Engine:
         if request_id in self._requests:
             raise RequestError("request_id", f"request {request_id!r} is already running")
         self.check_request(prompt_ids, params)
-        seqs = []
-        for index in range(params.n):
-            generator = None
-            if params.seed is not None:
-                generator = torch.Generator(device=self.pool.device).manual_seed(
-                    params.seed + index
-                )
-            seqs.append(
-                Sequence(
-                    seq_id=next(self._seq_ids),
-                    request_id=request_id,
-                    index=index,
-                    prompt_ids=list(prompt_ids),
-                    params=params,
-                    block_table=BlockTable(self.config.block_size),
-                    detokenizer=IncrementalDetokenizer(self.tokenizer, skip_special_tokens=True),
-                    eos_token_ids=self.eos_token_ids,
-                    generator=generator,
-                    grammar=self.grammars.matcher(params.grammar) if params.grammar else None,
-                )
-            )
+        spec = params.grammar
+        seqs = request_sequences(
+            request_id,
+            prompt_ids,
+            params,
+            self._seq_ids,
+            block_size=self.config.block_size,
+            tokenizer=self.tokenizer,
+            eos_token_ids=self.eos_token_ids,
+            device=self.pool.device,
+            grammar=None if spec is None else lambda: self.grammars.matcher(spec),
+        )
         # Parallel samples wait for the first one's prompt, then share its cached blocks.
         if self.prefix_caching:
             for seq in seqs[1:]:

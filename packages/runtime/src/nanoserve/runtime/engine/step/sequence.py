@@ -5,7 +5,8 @@ from __future__ import annotations
 import enum
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -13,7 +14,7 @@ import torch
 
 from nanoserve.core import BlockTable
 from nanoserve.runtime.engine.requests.sampling_params import SamplingParams
-from nanoserve.runtime.text.tokenizer import IncrementalDetokenizer
+from nanoserve.runtime.text.tokenizer import IncrementalDetokenizer, Tokenizer
 
 if TYPE_CHECKING:
     from llguidance import LLMatcher
@@ -197,6 +198,42 @@ class Sequence:
         self.pending_logprobs.clear()
         self.pending_top.clear()
         return delta
+
+
+def request_sequences(
+    request_id: str,
+    prompt_ids: Seq[int],
+    params: SamplingParams,
+    seq_ids: Iterator[int],
+    *,
+    block_size: int,
+    tokenizer: Tokenizer,
+    eos_token_ids: frozenset[int],
+    device: torch.device,
+    grammar: Callable[[], LLMatcher] | None = None,
+) -> list[Sequence]:
+    """A request's `params.n` samples, each with its own id, detokenizer, grammar matcher and,
+    for a seeded request, its own generator (seed + its index)."""
+    seqs = []
+    for index in range(params.n):
+        generator = None
+        if params.seed is not None:
+            generator = torch.Generator(device=device).manual_seed(params.seed + index)
+        seqs.append(
+            Sequence(
+                seq_id=next(seq_ids),
+                request_id=request_id,
+                index=index,
+                prompt_ids=list(prompt_ids),
+                params=params,
+                block_table=BlockTable(block_size),
+                detokenizer=IncrementalDetokenizer(tokenizer, skip_special_tokens=True),
+                eos_token_ids=eos_token_ids,
+                generator=generator,
+                grammar=grammar() if grammar is not None else None,
+            )
+        )
+    return seqs
 
 
 def _held_back(text: str, stops: Iterable[str]) -> int:
