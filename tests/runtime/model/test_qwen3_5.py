@@ -140,8 +140,8 @@ def test_the_boot_names_the_skipped_tower_and_the_state(vl_model: tuple[Path, ob
         for line in said
     ), said
     assert (
-        "prefix cache: a state checkpoint every 32 blocks (512 tokens) and where each prompt"
-        f" ends; a hit restores the deepest, {per_slot:.1f} KiB copied"
+        "prefix cache: a state checkpoint every 32 blocks (512 tokens) and where a longer"
+        f" prompt ends; a hit restores the deepest, {per_slot:.1f} KiB copied"
     ) in said
     params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
     (out,) = llm.chat([{"role": "user", "content": "hello world"}], params)

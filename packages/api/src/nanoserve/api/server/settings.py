@@ -185,8 +185,8 @@ OPTIONS: tuple[Option, ...] = (
         "--state-checkpoint-interval",
         "state_checkpoint_interval",
         int,
-        "a hybrid model's prefix cache: a state checkpoint every N blocks, besides each"
-        " prompt's end (default 32)",
+        "a hybrid model's prefix cache: a state checkpoint every N blocks, and at the end of"
+        " a prompt at least that long (default 32)",
     ),
     Option(
         "--decode-mode",

@@ -175,8 +175,8 @@ def _build_engine(
         if (rule := engine.memory.checkpoints) is not None:
             say(
                 f"prefix cache: a state checkpoint every {rule.interval_blocks} blocks"
-                f" ({rule.interval_tokens} tokens) and where each prompt ends; a hit restores"
-                f" the deepest, {state.bytes_per_slot / 2**10:.1f} KiB copied"
+                f" ({rule.interval_tokens} tokens) and where a longer prompt ends; a hit"
+                f" restores the deepest, {state.bytes_per_slot / 2**10:.1f} KiB copied"
             )
         elif resolved.enable_prefix_cache:
             say("prefix cache: off for this model (no state checkpoints: a hit must restore one)")

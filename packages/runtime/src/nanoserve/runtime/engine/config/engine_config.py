@@ -113,7 +113,8 @@ class EngineConfig:
     enable_prefix_cache: bool = True
     # A hybrid's prefix cache: recurrent states kept at block boundaries (checkpoints), N slots
     # or "auto" (one per running sequence within an eighth of the K/V budget; 0: the cache is
-    # off for it), saved every `state_checkpoint_interval` blocks and where each prompt ends.
+    # off for it), saved every `state_checkpoint_interval` blocks and where a prompt of one
+    # interval or more ends.
     state_checkpoints: int | str = AUTO
     state_checkpoint_interval: int = DEFAULT_INTERVAL_BLOCKS
     batch_invariant: bool = True  # a row's tokens ignore its batch and its bucket
