@@ -28,6 +28,7 @@ import torch
 
 from nanoserve.core.errors import NanoserveError
 from nanoserve.runtime.engine.engine import Engine
+from nanoserve.runtime.engine.step.runner import Executed
 from nanoserve.runtime.engine.step.sampler import SampleResult
 from nanoserve.runtime.engine.step.scheduler import SchedulerOutput
 from nanoserve.runtime.engine.step.verify import RowGroup
@@ -112,7 +113,7 @@ class FaultyEngine(Engine):
         self.faults.hit("alloc", self.num_attempts)
         return super()._plan()
 
-    def _execute(self, out: SchedulerOutput) -> torch.Tensor:
+    def _execute(self, out: SchedulerOutput) -> Executed:
         self.faults.hit("forward", self.num_attempts)
         self.faults.hit("hang", self.num_attempts)
         return super()._execute(out)

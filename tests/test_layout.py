@@ -86,7 +86,12 @@ def engine_root_modules() -> list[str]:
 
 # The api's rooms, in tiers: a room may import the rooms of lower tiers only (the protocols
 # are peers: none imports another). app.py and cli.py, at the root, put them together.
-API_TIERS = (("kv_events",), ("server",), ("chat",), ("openai", "messages", "responses"))
+API_TIERS = (
+    ("kv_events",),
+    ("server",),
+    ("chat",),
+    ("openai", "messages", "responses", "pooling"),
+)
 API_ROOMS = tuple(room for tier in API_TIERS for room in tier)
 
 

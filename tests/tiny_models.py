@@ -581,3 +581,71 @@ def write_mixed_gguf(tmp_path: Path) -> Path:
             gguf.GGMLQuantizationType[kind],
         )
     return write_tiny_gguf(model_dir, tmp_path / "mixed.gguf", raw_tensors=raw)
+
+
+def make_tiny_embedder_dir(
+    tmp_path: Path, pooling: str = "lasttoken", *, dense: int | None = None, seed: int = 0
+) -> Path:
+    """A tiny Qwen3 embedder as sentence-transformers saves one: the base model's weights (names
+    without `model.`, no LM head), `modules.json` with a Pooling module (`pooling`: lasttoken,
+    mean_tokens or cls_token), a Dense projection to `dense` values (tanh) if asked, Normalize."""
+    import transformers
+    from safetensors.torch import save_file
+
+    causal = make_tiny_model_dir(tmp_path, "qwen3", seed=seed)
+    out = tmp_path / f"qwen3-embed-{pooling}-{dense}-{seed}"
+    transformers.AutoModelForCausalLM.from_pretrained(causal).model.save_pretrained(out)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (out / name).write_text((causal / name).read_text())
+    modules = [
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {
+            "idx": 1,
+            "name": "1",
+            "path": "1_Pooling",
+            "type": "sentence_transformers.models.Pooling",
+        },
+    ]
+    (out / "1_Pooling").mkdir()
+    modes = {f"pooling_mode_{m}": m == pooling for m in ("lasttoken", "mean_tokens", "cls_token")}
+    (out / "1_Pooling" / "config.json").write_text(json.dumps(modes))
+    if dense is not None:
+        modules.append(
+            {"idx": 2, "name": "2", "path": "2_Dense", "type": "sentence_transformers.models.Dense"}
+        )
+        (out / "2_Dense").mkdir()
+        config = {"in_features": 64, "out_features": dense, "bias": True,
+                  "activation_function": "torch.nn.modules.activation.Tanh"}  # fmt: skip
+        (out / "2_Dense" / "config.json").write_text(json.dumps(config))
+        generator = torch.Generator().manual_seed(seed + 1)
+        weights = {"linear.weight": torch.randn(dense, 64, generator=generator) * 0.2,
+                   "linear.bias": torch.randn(dense, generator=generator) * 0.2}  # fmt: skip
+        save_file(weights, str(out / "2_Dense" / "model.safetensors"))
+    modules.append({"idx": len(modules), "name": str(len(modules)), "path": "Normalize",
+                    "type": "sentence_transformers.models.Normalize"})  # fmt: skip
+    (out / "modules.json").write_text(json.dumps(modules))
+    return out
+
+
+def make_tiny_classifier_dir(tmp_path: Path, num_labels: int = 1, seed: int = 0) -> Path:
+    """A tiny Qwen3ForSequenceClassification (a reranker's classification head, `score.weight`),
+    with the tiny tokenizer (its pad token set, as a sequence classifier needs)."""
+    import transformers
+
+    # 512 positions: the reranker prompt alone is ~250 of the tiny tokenizer's tokens
+    geometry = {
+        **_TINY_GEOMETRY,
+        "num_labels": num_labels,
+        "pad_token_id": 0,
+        "max_position_embeddings": 512,
+    }
+    model = transformers.Qwen3ForSequenceClassification(transformers.Qwen3Config(**geometry))
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for param in model.parameters():
+            param.copy_(torch.randn(param.shape, generator=generator) * 0.5)
+    out = tmp_path / f"qwen3-classifier-{num_labels}-{seed}"
+    model.save_pretrained(out)
+    _make_tiny_tokenizer().save(str(out / "tokenizer.json"))
+    (out / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|im_end|>"}))
+    return out

@@ -313,3 +313,11 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
         )
     )
     return out
+
+
+@pytest.fixture(scope="session")
+def tiny_embedder_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny Qwen3 embedder as sentence-transformers saves one (last-token pooling, normalized)."""
+    from tests import tiny_models
+
+    return tiny_models.make_tiny_embedder_dir(tmp_path_factory.mktemp("embedder"))

@@ -28,6 +28,7 @@ from nanoserve.runtime.decode.recordings import RecordingStats
 from nanoserve.runtime.decode.warmup import WarmupReport
 from nanoserve.runtime.engine.config.engine_config import EngineConfig
 from nanoserve.runtime.engine.engine_status import EngineStatus, PrefixCacheCounts
+from nanoserve.runtime.engine.requests.pooling_params import PoolingParams
 from nanoserve.runtime.engine.requests.request_times import RequestTimes
 from nanoserve.runtime.engine.requests.sampling_params import SamplingParams
 from nanoserve.runtime.engine.step.scheduler import QueueFullError
@@ -141,6 +142,8 @@ class FakeEngine:
     observer: Callable[[RequestTimes], None] | None = None
     on_fatal: Callable[[BaseException], None] | None = None
     submitted: list[Submitted] = field(default_factory=list)
+    # pooling requests: (request id, prompt ids, params); answered by pooled_reply
+    pooling_submitted: list[tuple[str, list[int], PoolingParams]] = field(default_factory=list)
     closed: list[str] = field(default_factory=list)  # request ids, as their streams closed
     chats: list[list[dict]] = field(default_factory=list)  # messages render_chat was given
     template_vars: list[dict] = field(default_factory=list)  # and its template variables
@@ -177,15 +180,18 @@ class FakeEngine:
             raise self.grammar_refusal
 
     def submit(
-        self, request_id: str, prompt_ids: Sequence[int], params: SamplingParams
+        self, request_id: str, prompt_ids: Sequence[int], params: SamplingParams | PoolingParams
     ) -> FakeStream:
         if self.refusals:
             refusal = self.refusals.pop(0)
             if refusal is not None:
                 raise refusal
+        ids = list(prompt_ids)
+        if isinstance(params, PoolingParams):
+            self.pooling_submitted.append((request_id, ids, params))
+            return FakeStream(self, request_id, ids, [pooled_reply(request_id, ids, params)])
         self.submitted.append(Submitted(request_id, list(prompt_ids), params))
         script = self.script or self.scripted_replies
-        ids = list(prompt_ids)
         return FakeStream(self, request_id, ids, script(request_id, ids, params))
 
     def scripted_replies(
@@ -277,3 +283,25 @@ class FakeEngine:
         """An `EngineFactory` that hands out this engine (the boot thread calls it)."""
         say(f"loading {self.name}")
         return self
+
+
+def pooled_reply(request_id: str, prompt_ids: list[int], params: PoolingParams) -> Delta:
+    """A pooling request's one delta: an embedding of (length, first id, last id, 0.5), cut to
+    `dimensions`; a score of 1 / (1 + length), so a shorter prompt scores higher."""
+    if params.task == "score":
+        pooled: tuple[float, ...] = (1.0 / (1 + len(prompt_ids)),)
+    else:
+        full = (float(len(prompt_ids)), float(prompt_ids[0]), float(prompt_ids[-1]), 0.5)
+        pooled = full[: params.dimensions] if params.dimensions else full
+    return Delta(
+        request_id=request_id,
+        index=0,
+        text="",
+        token_ids=(),
+        logprobs=None,
+        top_logprobs=None,
+        finish_reason="stop",
+        prompt_tokens=len(prompt_ids),
+        completion_tokens=0,
+        pooled=pooled,
+    )

@@ -93,6 +93,8 @@ async def test_health_when_ready() -> None:
         "warm": None,
         "capture": None,
         "speculation": None,
+        "task": "generate",
+        "pooler": None,
     }
 
 

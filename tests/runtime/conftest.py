@@ -43,6 +43,18 @@ def make_tiny_model_dir() -> Callable[..., Path]:
 
 
 @pytest.fixture(scope="session")
+def make_tiny_embedder_dir() -> Callable[..., Path]:
+    """`make_tiny_embedder_dir(tmp_path, pooling="lasttoken", *, dense=None, seed=0) -> Path`."""
+    return tiny_models.make_tiny_embedder_dir
+
+
+@pytest.fixture(scope="session")
+def make_tiny_classifier_dir() -> Callable[..., Path]:
+    """`make_tiny_classifier_dir(tmp_path, num_labels=1, seed=0) -> Path`."""
+    return tiny_models.make_tiny_classifier_dir
+
+
+@pytest.fixture(scope="session")
 def write_tiny_gguf() -> Callable[..., Path]:
     """`write_tiny_gguf(model_dir, out, *, qtype=F32, raw_tensors=None, arch=None, pre="smollm")`."""
     return tiny_models.write_tiny_gguf

@@ -15,6 +15,7 @@ from litestar.openapi import OpenAPIConfig
 from nanoserve.api.messages.routes import MessagesController
 from nanoserve.api.openai.routes import OpenAIController
 from nanoserve.api.openai.token_routes import TokenController
+from nanoserve.api.pooling.routes import PoolingController
 from nanoserve.api.responses.routes import ResponsesController
 from nanoserve.api.server.errors import EXCEPTION_HANDLERS, without_paths
 from nanoserve.api.server.health import Health, HealthNotReady
@@ -78,6 +79,7 @@ def create_app(
             ResponsesController,
             MessagesController,
             TokenController,
+            PoolingController,
             health,
             metrics,
             reset_prefix_cache,

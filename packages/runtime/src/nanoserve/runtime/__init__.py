@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from nanoserve.runtime.engine.boot.build import build_engine
     from nanoserve.runtime.engine.config.engine_config import (
         SERVER_DEFAULTS,
+        TASKS,
         EngineConfig,
         EngineConfigError,
     )
@@ -27,6 +28,7 @@ if TYPE_CHECKING:
     )
     from nanoserve.runtime.engine.engine import Engine
     from nanoserve.runtime.engine.engine_status import EngineStatus
+    from nanoserve.runtime.engine.requests.pooling_params import PoolingParams
     from nanoserve.runtime.engine.requests.request_check import RequestError
     from nanoserve.runtime.engine.requests.request_times import RequestTimes
     from nanoserve.runtime.engine.requests.sampling_params import (
@@ -59,6 +61,7 @@ if TYPE_CHECKING:
     from nanoserve.runtime.loading.embedded import embedded_model_path
     from nanoserve.runtime.structured.grammar_spec import JSON_OPTIONS, GrammarSpec
     from nanoserve.runtime.structured.number_bounds import bounded_schema
+    from nanoserve.runtime.text.rerank_prompt import rerank_prompt, score_pairs
 
 # Each public name, and the module (under nanoserve.runtime) that defines it.
 _WHERE = {
@@ -70,6 +73,8 @@ _WHERE = {
     "thaw_boot_heap": "engine.boot.boot_heap",
     "EngineConfig": "engine.config.engine_config",
     "SERVER_DEFAULTS": "engine.config.engine_config",
+    "TASKS": "engine.config.engine_config",
+    "PoolingParams": "engine.requests.pooling_params",
     "SpeculativeConfig": "engine.config.speculative_config",
     "SamplingParams": "engine.requests.sampling_params",
     "MAX_N": "engine.requests.sampling_params",
@@ -77,6 +82,8 @@ _WHERE = {
     "SEED_MIN": "engine.requests.sampling_params",
     "SEED_END": "engine.requests.sampling_params",
     "GrammarSpec": "structured.grammar_spec",
+    "rerank_prompt": "text.rerank_prompt",
+    "score_pairs": "text.rerank_prompt",
     "JSON_OPTIONS": "structured.grammar_spec",
     "bounded_schema": "structured.number_bounds",
     "Delta": "engine.step.sequence",
@@ -112,6 +119,7 @@ __all__ = [
     "SEED_END",
     "SEED_MIN",
     "SERVER_DEFAULTS",
+    "TASKS",
     "AllBlocksCleared",
     "AsyncEngine",
     "BlockRemoved",
@@ -130,6 +138,7 @@ __all__ = [
     "KVEvent",
     "KVEventBatch",
     "KVEventQueue",
+    "PoolingParams",
     "QueueFullError",
     "RecordingStats",
     "RequestError",
@@ -145,6 +154,8 @@ __all__ = [
     "convert_gguf",
     "embedded_model_path",
     "freeze_boot_heap",
+    "rerank_prompt",
+    "score_pairs",
     "thaw_boot_heap",
 ]
 

@@ -17,7 +17,7 @@ from litestar import Request
 from nanoserve.api.chat.engine_inputs import ChatInputs
 from nanoserve.api.server.engine_client import DeltaStream, EngineClient
 from nanoserve.api.server.errors import APIError
-from nanoserve.runtime import Delta, SamplingParams
+from nanoserve.runtime import Delta, PoolingParams, SamplingParams
 
 
 class MergedStream:
@@ -38,7 +38,7 @@ class MergedStream:
         cls,
         engine: EngineClient,
         requests: Sequence[tuple[str, Sequence[int]]],
-        params: SamplingParams,
+        params: SamplingParams | PoolingParams,
         *,
         timeout: float | None = None,
     ) -> MergedStream:

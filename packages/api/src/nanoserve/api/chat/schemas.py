@@ -245,6 +245,7 @@ class ModelCard(Struct, kw_only=True):
     created: int
     owned_by: str = "nanoserve"
     max_model_len: int
+    task: str = "generate"  # what the model serves: generate, embed or rerank (--task)
 
 
 class ModelList(Struct, kw_only=True):

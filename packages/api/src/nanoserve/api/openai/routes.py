@@ -34,7 +34,10 @@ class OpenAIController(Controller):
     async def models(self, server: NamedDependency[ServerState]) -> ModelList:
         engine = server.require_engine()
         card = ModelCard(
-            id=engine.name, created=int(server.started), max_model_len=engine.max_model_len
+            id=engine.name,
+            created=int(server.started),
+            max_model_len=engine.max_model_len,
+            task=engine.status().task,
         )
         return ModelList(data=[card])
 

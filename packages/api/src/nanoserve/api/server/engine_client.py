@@ -20,6 +20,7 @@ from nanoserve.runtime import (
     EngineStatus,
     GrammarSpec,
     KVEvent,
+    PoolingParams,
     RequestTimes,
     SamplingParams,
     build_engine,
@@ -100,7 +101,7 @@ class EngineClient(Protocol):
         ...
 
     def submit(
-        self, request_id: str, prompt_ids: Sequence[int], params: SamplingParams
+        self, request_id: str, prompt_ids: Sequence[int], params: SamplingParams | PoolingParams
     ) -> DeltaStream:
         """Validate and queue now, raising the engine's named errors (a refusal surfaces before
         any byte of an answer is sent); iterate the stream for deltas."""

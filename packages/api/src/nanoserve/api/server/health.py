@@ -44,6 +44,8 @@ class Health(Struct, kw_only=True):
     warm: dict[str, Any] | None  # the warm-up's report; None: none ran
     capture: dict[str, Any] | None  # the recordings' counters; None: nothing is recorded
     speculation: dict[str, Any] | None = None  # its counters and measured costs; None: off
+    task: str = "generate"  # what the model serves: generate, embed or rerank (--task)
+    pooler: str | None = None  # how an embedder or a reranker pools; None: it generates
 
     @classmethod
     def of(cls, status: EngineStatus) -> Health:
@@ -72,4 +74,6 @@ class Health(Struct, kw_only=True):
             warm=status.warm.as_dict() if status.warm is not None else None,
             capture=status.recordings.as_dict() if status.recordings is not None else None,
             speculation=status.speculation.as_dict() if status.speculation is not None else None,
+            task=status.task,
+            pooler=status.pooler,
         )

@@ -128,6 +128,14 @@ class _EngineCollector(Collector):
         yield _counter("prompt_tokens", "Prompt tokens admitted.", status.prompt_tokens)
         yield _counter("generation_tokens", "Tokens generated.", status.generation_tokens)
         yield _counter(
+            "pooling_requests",
+            "Pooling requests answered (embeddings, scores).",
+            status.pooling_requests,
+        )
+        yield _counter(
+            "pooling_prompt_tokens", "Prompt tokens of pooling requests.", status.pooling_tokens
+        )
+        yield _counter(
             "prefix_cache_queries",
             "Prompt tokens looked up in the prefix cache.",
             prefix_cache.queried_tokens,

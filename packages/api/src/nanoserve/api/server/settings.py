@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from nanoserve.api.kv_events.config import KVEventsConfig
 from nanoserve.runtime import (
     SERVER_DEFAULTS,
+    TASKS,
     EngineConfig,
     EngineConfigError,
     SpeculativeConfig,
@@ -55,6 +56,14 @@ def parse_prefill_budget(text: str) -> str | int:
     return _word_or_count(
         text, ("auto", "off"), "tokens", "a prefill budget must be at least 1 token"
     )
+
+
+def parse_task(text: str) -> str:
+    """auto, generate, embed or rerank."""
+    task = str(text).strip().lower()
+    if task not in TASKS:
+        raise EngineConfigError(f"--task must be one of {', '.join(TASKS)}, got {text!r}")
+    return task
 
 
 def parse_threads(text: str) -> int | str:
@@ -129,6 +138,14 @@ OPTIONS: tuple[Option, ...] = (
         parse_threads,
         "compute threads, the kernels' and torch's: N or auto (default auto: the CPUs this"
         " process may run on)",
+    ),
+    Option(
+        "--task",
+        "task",
+        parse_task,
+        "what the model serves: auto (what its files say: a sentence-transformers folder or a"
+        " GGUF's pooling type embeds, a *ForSequenceClassification reranks; else generate),"
+        " generate, embed or rerank",
     ),
     Option("--max-batch", "max_batch", int, "rows a step may hold (default 32)"),
     Option("--max-model-len", "max_model_len", int, "longest context served"),

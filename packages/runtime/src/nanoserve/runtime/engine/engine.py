@@ -24,22 +24,33 @@ from nanoserve.runtime.decode.warmup import Clock, WarmEstimate, WarmPlan, Warmu
 from nanoserve.runtime.engine.config.engine_config import EngineConfig, ResolvedConfig
 from nanoserve.runtime.engine.config.memory_plan import plan_memory
 from nanoserve.runtime.engine.engine_status import EngineStatus, PrefixCacheCounts
+from nanoserve.runtime.engine.requests.pooling_params import PoolingParams, check_pooling
 from nanoserve.runtime.engine.requests.request_check import RequestError, check_request
 from nanoserve.runtime.engine.requests.sampling_params import SamplingParams
 from nanoserve.runtime.engine.speculation.speculator import build_speculator
 from nanoserve.runtime.engine.step import verify
 from nanoserve.runtime.engine.step.block_manager import BlockManager, PrefixCacheStats
 from nanoserve.runtime.engine.step.kv_events import KVEvent
-from nanoserve.runtime.engine.step.runner import ModelRunner
+from nanoserve.runtime.engine.step.pooling import commit_pooled
+from nanoserve.runtime.engine.step.pooling_state import PoolingCounts, PoolingState
+from nanoserve.runtime.engine.step.runner import Executed, ModelRunner
 from nanoserve.runtime.engine.step.sampler import SampleResult, sample
 from nanoserve.runtime.engine.step.scheduler import Scheduler, SchedulerOutput
-from nanoserve.runtime.engine.step.sequence import Delta, Sequence, Status, request_sequences
+from nanoserve.runtime.engine.step.sequence import (
+    Delta,
+    Sequence,
+    Status,
+    pooling_sequence,
+    request_sequences,
+)
 from nanoserve.runtime.engine.step.verify import RowGroup, accepted_drafts, append_kept
 from nanoserve.runtime.engine.timing.step_timing import resolve_prefill_budget, step_timings
 from nanoserve.runtime.kernels.cpu_features import cpu_features
+from nanoserve.runtime.loading.pooler_config import GENERATE
 from nanoserve.runtime.model.kv_pool import KVPool
 from nanoserve.runtime.model.llama import LlamaModel
 from nanoserve.runtime.model.memory import keep_freed_memory
+from nanoserve.runtime.model.pooler import Pooler
 from nanoserve.runtime.model.state_pool import StatePool
 from nanoserve.runtime.structured.grammar_compiler import GrammarCompiler
 from nanoserve.runtime.structured.grammar_spec import GrammarSpec
@@ -60,9 +71,11 @@ class Engine:
         name: str = "model",
         boot_started: float | None = None,
         draft: LlamaModel | None = None,
+        pooler: Pooler | None = None,
     ) -> None:
         """boot_started: perf_counter() when the boot began, for `mark_ready`'s seconds; draft:
-        speculative method draft_model's draft (its tokenizer the target's: build.py checks)."""
+        speculative method draft_model's draft (its tokenizer the target's: build.py checks);
+        pooler: what the model serves (None: generation)."""
         self.model = model
         self.tokenizer = tokenizer
         self.config = config
@@ -70,6 +83,8 @@ class Engine:
         self.name = name
         self.boot_started = boot_started
         self.ready_seconds: float | None = None
+        self.pooler = pooler or Pooler(GENERATE, logits=model.logits)
+        self.generates = self.pooler.task == "generate"  # an embedder or reranker does not
         cfg = model.config
         # A hybrid's recurrent state (a slot per running sequence, its prefix cache's
         # checkpoints, the sink) comes out of the K/V budget first.
@@ -116,6 +131,7 @@ class Engine:
         self.prompt_tokens = 0
         self.generation_tokens = 0
         self.num_steps = 0
+        self.pooling = PoolingCounts()
         # Unseeded sampling draws from the engine's own generator, never the process's.
         self.generator = torch.Generator(device=model.device).manual_seed(config.seed)
 
@@ -133,10 +149,25 @@ class Engine:
 
     # -- requests ---------------------------------------------------------------------------
 
-    def add_request(self, request_id: str, prompt_ids: Seq[int], params: SamplingParams) -> None:
+    def add_request(
+        self, request_id: str, prompt_ids: Seq[int], params: SamplingParams | PoolingParams
+    ) -> None:
         if request_id in self._requests:
             raise RequestError("request_id", f"request {request_id!r} is already running")
         self.check_request(prompt_ids, params)
+        if isinstance(params, PoolingParams):
+            state = PoolingState(params, self.pooler.method)
+            seq = pooling_sequence(
+                request_id,
+                prompt_ids,
+                state,
+                next(self._seq_ids),
+                block_size=self.config.block_size,
+                tokenizer=self.tokenizer,
+            )
+            self.scheduler.add([seq])
+            self._requests[request_id] = [seq]
+            return
         spec = params.grammar
         seqs = request_sequences(
             request_id,
@@ -157,7 +188,15 @@ class Engine:
         self._requests[request_id] = seqs
         self.prompt_tokens += len(prompt_ids)
 
-    def check_request(self, prompt_ids: Seq[int], params: SamplingParams) -> None:
+    def check_request(self, prompt_ids: Seq[int], params: SamplingParams | PoolingParams) -> None:
+        if isinstance(params, PoolingParams):
+            limit = min(self.config.max_model_len, self.pool_plan.num_slots)
+            check_pooling(prompt_ids, params, self.pooler, self.model.config, limit)
+            return
+        if not self.generates:
+            raise RequestError(
+                "model", f"the model {self.name} serves {self.pooler.task}, it does not generate"
+            )
         check_request(
             prompt_ids,
             params,
@@ -204,11 +243,11 @@ class Engine:
             self.blocks.publish()  # the plan may have evicted
             return []
         started = time.perf_counter()
-        logits = self._execute(out)  # checked (at record time) and run
-        groups, result = self._sample(out, logits)
+        executed = self._execute(out)  # checked (at record time) and run
+        groups, result = self._sample(out, executed.logits)
         if self.speculator is not None:  # the price of a token, as this step says
             self.speculator.observe_time(out, time.perf_counter() - started)
-        deltas = self._commit(out, groups, result)
+        deltas = self._commit(out, groups, result, executed.hidden)
         self.blocks.publish()
         return deltas
 
@@ -220,9 +259,9 @@ class Engine:
             self.runner.release(seq_id)
         return out
 
-    def _execute(self, out: SchedulerOutput) -> torch.Tensor:
+    def _execute(self, out: SchedulerOutput) -> Executed:
         self.pool.states.copy(out.restores)  # prefix hits start from their checkpoints
-        return self.runner.execute(out)  # [rows that sample (a verify row's each), vocab]
+        return self.runner.execute(out)  # logits [rows that sample, vocab], pooled rows
 
     def _sample(
         self, out: SchedulerOutput, logits: torch.Tensor
@@ -236,14 +275,27 @@ class Engine:
         return groups, result
 
     def _commit(
-        self, out: SchedulerOutput, groups: list[RowGroup], result: SampleResult
+        self,
+        out: SchedulerOutput,
+        groups: list[RowGroup],
+        result: SampleResult,
+        hidden: Mapping[int, torch.Tensor],
     ) -> list[Delta]:
-        """Each sequence takes its token (a verify row: its kept draft, then the target's)."""
+        """Each sequence takes its token (a verify row: its kept draft, then the target's); a
+        pooling sequence its hidden states, and its answer once its prompt is in."""
         accepted = accepted_drafts(groups, result.token_ids)
+        seqs = self.scheduler.seqs_of(out)
         self.pool.states.copy(self.scheduler.commit(out, accepted))  # checkpoints saved
+        deltas = []
+        if hidden or any(item.pool is not None for item in out.scheduled):
+            self.pooling.tokens += commit_pooled(seqs, out.scheduled, hidden, self.pooler)
+            for seq in seqs:
+                if seq.pooling is not None and seq.finished:
+                    self.pooling.requests += 1
+                    self._retire(seq)
+                    deltas.append(seq.take_delta())
         if accepted and self.speculator is not None:
             self.speculator.observe_step(accepted, {g.seq.seq_id: len(g.draft) for g in groups})
-        deltas = []
         for group in groups:
             self.generation_tokens += append_kept(group, result, accepted.get(group.seq.seq_id, 0))
             if group.seq.finished:
@@ -323,6 +375,7 @@ class Engine:
     def reset_counters(self) -> None:
         self.finished.clear()
         self.prompt_tokens = self.generation_tokens = self.num_steps = 0
+        self.pooling = PoolingCounts()
         self.blocks.stats = PrefixCacheStats()
         if self.speculator is not None:
             self.speculator.reset_counters()
@@ -394,6 +447,10 @@ class Engine:
             finished=dict(self.finished),
             steps=self.num_steps,
             speculation=self.speculator.counts() if self.speculator is not None else None,
+            task=self.pooler.task,
+            pooler=self.pooler.describe() if self.pooler.task != "generate" else None,
+            pooling_requests=self.pooling.requests,
+            pooling_tokens=self.pooling.tokens,
         )
 
 

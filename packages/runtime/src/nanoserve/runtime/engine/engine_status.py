@@ -59,3 +59,7 @@ class EngineStatus:
     finished: Mapping[str, int]  # finished sequences by finish reason
     steps: int
     speculation: SpecCounts | None = None  # None: speculation is off
+    task: str = "generate"  # generate, embed or rerank (the engine's pooler)
+    pooler: str | None = None  # how it pools ("embed: last pooling, normalized (...)"); None
+    pooling_requests: int = 0  # pooling requests answered
+    pooling_tokens: int = 0  # their prompt tokens

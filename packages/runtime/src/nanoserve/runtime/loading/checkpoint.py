@@ -8,6 +8,7 @@ without reading data), so iterating `tensors()` cannot fail halfway for a malfor
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -20,6 +21,12 @@ from nanoserve.runtime.errors import WeightsError
 from nanoserve.runtime.loading.gguf_blocks import GgufBlocks
 from nanoserve.runtime.loading.hf_dir import HfDir
 from nanoserve.runtime.loading.model_config import ModelConfig
+from nanoserve.runtime.loading.pooler_config import (
+    GENERATE,
+    PoolerConfig,
+    read_gguf_pooler,
+    read_hf_pooler,
+)
 from nanoserve.runtime.loading.recurrent_layers import (
     DeltaNetLayers,
     Mamba2Layers,
@@ -30,6 +37,8 @@ from nanoserve.runtime.text.tokenizer import Tokenizer
 if TYPE_CHECKING:  # gguf_file imports gguf, which a GPU machine without an index may lack
     from nanoserve.runtime.loading.gguf_file import GgufFile
 
+LM_HEAD = "lm_head.weight"
+CLASSIFIER = ("score.weight", "score.bias")  # a *ForSequenceClassification head
 # Tensors some checkpoints carry that are derived, not learned: skipped rather than rejected.
 _IGNORED_SUFFIXES = (".rotary_emb.inv_freq",)
 
@@ -52,6 +61,7 @@ class Checkpoint:
     tokenizer: Tokenizer
     chat_template: str | None
     source: TensorSource = field(repr=False, compare=False)
+    pooler: PoolerConfig = GENERATE  # what the files say the model is for (pooler_config.py)
 
     def tensor_shapes(self) -> dict[str, tuple[int, ...]]:
         """Every tensor `tensors()` yields, in that order, with its shape."""
@@ -85,6 +95,16 @@ class Checkpoint:
             if ".layers." in name and name.endswith("_proj.weight")
         )
 
+    def head_tensor(self, name: str) -> torch.Tensor | None:
+        """A scoring head's tensor (`score.weight`), which the forward does not read; None if
+        the checkpoint has none."""
+        if name not in self.source.tensor_shapes():
+            return None
+        for _, tensor in self.source.iter_tensors([name]):
+            assert isinstance(tensor, torch.Tensor)
+            return tensor.float()
+        return None
+
     def sources(
         self, keep_blocks: frozenset[str] = frozenset()
     ) -> Iterator[tuple[str, torch.Tensor | GgufBlocks]]:
@@ -113,14 +133,25 @@ def load_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
         raise WeightsError(path, "is neither a model directory nor a .gguf file")
     else:
         raise WeightsError(path, "no such file or directory")
-    check_tensor_shapes(path, source.config, source.tensor_shapes())
+    if isinstance(source, HfDir):
+        pooler = read_hf_pooler(path, dict(source.config_json))
+    else:
+        metadata = source.reader.metadata
+        pooler = read_gguf_pooler(metadata, str(metadata.get("general.architecture")))
+    config = source.config
+    shapes = source.tensor_shapes()
+    if pooler.task != "generate" and not config.tie_word_embeddings and LM_HEAD not in shapes:
+        # An embedder saved without its LM head: the embedding table stands in (never served)
+        config = dataclasses.replace(config, tie_word_embeddings=True)
+    check_tensor_shapes(path, config, shapes, heads=pooler.head == "classifier")
     return Checkpoint(
         path=path,
         format=fmt,
-        config=source.config,
+        config=config,
         tokenizer=source.tokenizer,
         chat_template=source.chat_template,
         source=source,
+        pooler=pooler,
     )
 
 
@@ -239,9 +270,10 @@ def layer_norm_names(config: ModelConfig) -> tuple[str, ...]:
 
 
 def check_tensor_shapes(
-    path: Path, config: ModelConfig, actual: Mapping[str, tuple[int, ...]]
+    path: Path, config: ModelConfig, actual: Mapping[str, tuple[int, ...]], *, heads: bool = False
 ) -> None:
-    """Raise `WeightsError` unless `actual` holds exactly the tensors `config` implies."""
+    """Raise `WeightsError` unless `actual` holds exactly the tensors `config` implies (with
+    `heads`, a classification head's `score.weight` and `score.bias` too, read by the pooler)."""
     expected = expected_tensor_shapes(config)
     missing = [name for name in expected if name not in actual]
     if missing:
@@ -251,7 +283,9 @@ def check_tensor_shapes(
         if tuple(actual[name]) != shape:
             raise WeightsError(path, _shape_problem(name, shape, actual[name]))
     # A tied checkpoint may still store lm_head (a copy of the embedding); it is not read.
-    allowed = {"lm_head.weight"} if config.tie_word_embeddings else set()
+    allowed = {LM_HEAD} if config.tie_word_embeddings else set()
+    if heads:
+        allowed |= set(CLASSIFIER)
     unexpected = sorted(
         name
         for name in actual

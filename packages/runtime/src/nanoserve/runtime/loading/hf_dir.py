@@ -45,6 +45,7 @@ class HfDir:
     stored_names: Mapping[str, str] = field(repr=False, default_factory=dict)
     # Parts of the checkpoint not loaded (Qwen3.5's vision tower): part -> its tensor count.
     skipped: Mapping[str, int] = field(default_factory=dict)
+    config_json: Mapping[str, Any] = field(repr=False, default_factory=dict)  # as stored
 
     @classmethod
     def open(cls, path: Path) -> HfDir:
@@ -83,6 +84,7 @@ class HfDir:
             shapes={known: shapes[name] for known, name in stored.items()},
             stored_names={known: name for known, name in stored.items() if known != name},
             skipped=skipped,
+            config_json=config_json,
         )
 
     def tensor_shapes(self) -> Mapping[str, tuple[int, ...]]:

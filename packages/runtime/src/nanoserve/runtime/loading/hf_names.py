@@ -46,8 +46,15 @@ SKIPPED_PARTS: dict[str, tuple[tuple[str, str], ...]] = {
 FINAL_NORMS: dict[str, str] = {"lfm2": "model.embedding_norm.weight"}
 
 
+# A checkpoint saved from the base model (an embedder: `AutoModel`, not `...ForCausalLM`) names
+# its tensors without the `model.` prefix.
+BASE_MODEL_PARTS = ("embed_tokens.", "layers.", "norm.")
+
+
 def canonical_name(architecture: str, name: str) -> str:
     """`name` as the loader knows it: the family's part renamed, the rest kept."""
+    if name.startswith(BASE_MODEL_PARTS):
+        name = "model." + name
     for stored, known in PREFIXES.get(architecture, ()):
         if name.startswith(stored):
             name = known + name.removeprefix(stored)

@@ -261,7 +261,26 @@ class LlamaModel:
         cache: CacheRows,
         logit_rows: torch.Tensor | slice | None = None,
     ) -> torch.Tensor:
-        """Logits (float32) of the selected rows of the flat batch: [selected, vocab].
+        """Logits (float32) of the selected rows of the flat batch: [selected, vocab]
+        (`hidden`'s rows through the output projection)."""
+        return self.logits(self.hidden(plan, cache, logit_rows))
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The output projection of final-normed hidden states: [rows, vocab] float32."""
+        if isinstance(self.lm_head, torch.Tensor):  # a pooled float32 row, on a bf16 model
+            hidden = hidden.to(self.lm_head.dtype)
+        logits = self._linear(hidden, self.lm_head).float()
+        scaling = self.config.logits_scaling
+        return logits / scaling if scaling != 1.0 else logits
+
+    def hidden(
+        self,
+        plan: DecodePlan | PrefillPlan,
+        cache: CacheRows,
+        logit_rows: torch.Tensor | slice | None = None,
+    ) -> torch.Tensor:
+        """The final-normed hidden states of the selected rows of the flat batch: [selected,
+        hidden] (what the output projection reads, and what pooling pools).
 
         `logit_rows` defaults to every row of a decode plan, padding included, and to each
         chunk's last token of a prefill plan. A padded decode step computes its padded rows'
@@ -345,9 +364,7 @@ class LlamaModel:
                 logit_rows = slice(0, plan.num_rows)
             else:
                 logit_rows = plan.last_token_idx
-        h = ops.rms_norm(x[logit_rows], self.norm)
-        logits = self._linear(h, self.lm_head).float()
-        return logits / cfg.logits_scaling if cfg.logits_scaling != 1.0 else logits
+        return ops.rms_norm(x[logit_rows], self.norm)
 
 
 def _tiled_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:

@@ -25,6 +25,7 @@ from nanoserve.runtime.engine.config.engine_config import (
     resolve_threads,
 )
 from nanoserve.runtime.engine.engine import Engine
+from nanoserve.runtime.engine.requests.pooling_params import PoolingParams
 from nanoserve.runtime.engine.requests.sampling_params import SamplingParams
 from nanoserve.runtime.engine.speculation.draft_model import (
     DraftModel,
@@ -37,7 +38,9 @@ from nanoserve.runtime.kernels.cpu_features import cpu_features
 from nanoserve.runtime.kernels.cpu_kernels import kernels_available
 from nanoserve.runtime.loading.checkpoint import Checkpoint, load_checkpoint
 from nanoserve.runtime.loading.embedded import embedded_model_path
+from nanoserve.runtime.loading.pooler_config import resolve_task
 from nanoserve.runtime.model.llama import LlamaModel
+from nanoserve.runtime.model.pooler import build_pooler
 from nanoserve.runtime.model.weight_forms import AUTO, auto_quantize
 from nanoserve.runtime.text.chat_template import ChatTemplate
 
@@ -130,6 +133,14 @@ def _build_engine(
     if (spec := resolved.speculative) is not None and spec.model is not None:
         say(f"loading the draft model {draft_path(spec.model)}")
         draft = load_draft_model(spec.model, resolved, checkpoint.tokenizer)
+    pooler = build_pooler(
+        resolve_task(checkpoint.pooler, config.task),
+        model.logits,
+        checkpoint.head_tensor,
+        lambda text: checkpoint.tokenizer.encode(text, add_special_tokens=False),
+    )
+    if pooler.task != "generate":
+        say(f"serving {pooler.describe()}")
     name = config.served_model_name or (
         Path(config.model).name if config.model else "SmolLM2-135M-Instruct"
     )
@@ -141,6 +152,7 @@ def _build_engine(
         name=name,
         boot_started=started,
         draft=draft,
+        pooler=pooler,
     )
     if (budget := engine.prefill_budget) is not None and budget.per_token_s:
         say(
@@ -250,7 +262,13 @@ def _shape(shape: Shape) -> str:
 
 def first_forward(engine: Engine) -> None:
     """One real request end to end before the door opens; it leaves no trace in the numbers."""
-    engine.add_request("__boot__", [0], SamplingParams(max_tokens=1, temperature=0.0))
+    task = engine.pooler.task
+    params = (
+        SamplingParams(max_tokens=1, temperature=0.0)
+        if task == "generate"
+        else PoolingParams("score" if task == "rerank" else "embed")
+    )
+    engine.add_request("__boot__", [0], params)
     engine.run_until_done()
     engine.check_blocks()
     engine.reset_counters()

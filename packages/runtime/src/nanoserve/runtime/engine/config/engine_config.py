@@ -13,6 +13,7 @@ from nanoserve.core.errors import NanoserveError
 from nanoserve.core.state_checkpoints import DEFAULT_INTERVAL_BLOCKS
 from nanoserve.runtime.engine.config.speculative_config import SpeculativeConfig
 from nanoserve.runtime.kernels.cpu_features import auto_dtype
+from nanoserve.runtime.loading.pooler_config import TASKS
 from nanoserve.runtime.model.weight_forms import AUTO, KERNEL_FORMS, check_quantize
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -135,6 +136,9 @@ class EngineConfig:
     # The kernels' and torch's intra-op threads: N; "auto", the CPUs the process may run on (the
     # server's default); None, torch's count as it is (the library's: a process's setting).
     threads: int | str | None = None
+    # What the model serves: auto (what its files say: loading/pooler_config.py), generate,
+    # embed (pooled embeddings) or rerank (scores of query/document pairs)
+    task: str = AUTO
 
     def __post_init__(self) -> None:
         """Refuse what no model could make possible; change nothing (resolve() decides)."""
@@ -190,6 +194,8 @@ class EngineConfig:
             and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1)
         ):
             raise EngineConfigError(f"threads must be a positive integer or auto, got {threads!r}")
+        if self.task not in TASKS:
+            raise EngineConfigError(f"task must be one of {', '.join(TASKS)}, got {self.task!r}")
         for name in ("max_model_len", "warm_max_rows", "warm_max_width", "max_waiting"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):
@@ -253,6 +259,7 @@ class EngineConfig:
             step_timeout=self.step_timeout,
             speculative=self.speculative,
             threads=resolve_threads(self.threads),
+            task=self.task,
         )
 
     def as_dict(self) -> dict[str, object]:
@@ -291,6 +298,7 @@ class ResolvedConfig:
     step_timeout: float | None  # None: no watchdog
     speculative: SpeculativeConfig | None  # None: no speculation
     threads: int  # the kernels' and torch's intra-op threads
+    task: str  # auto, generate, embed or rerank: the engine's pooler decides "auto"
 
     @property
     def torch_dtype(self) -> torch.dtype:

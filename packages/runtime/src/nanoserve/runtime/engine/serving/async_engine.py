@@ -27,6 +27,7 @@ from nanoserve.core.errors import NanoserveError
 from nanoserve.runtime.engine.boot.boot_heap import thaw_boot_heap
 from nanoserve.runtime.engine.engine import Engine, RequestError
 from nanoserve.runtime.engine.engine_status import EngineStatus
+from nanoserve.runtime.engine.requests.pooling_params import PoolingParams
 from nanoserve.runtime.engine.requests.request_times import RequestTimes
 from nanoserve.runtime.engine.requests.sampling_params import SamplingParams
 from nanoserve.runtime.engine.serving.request_stream import RequestStream
@@ -59,7 +60,7 @@ class AddRequest:
 
     request_id: str
     prompt_ids: list[int]
-    params: SamplingParams
+    params: SamplingParams | PoolingParams
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,7 +224,7 @@ class AsyncEngine:
             raise QueueFullError(f"{pending} requests are waiting (limit {limit}); try again later")
 
     def add_request(
-        self, request_id: str, prompt_ids: Sequence[int], params: SamplingParams
+        self, request_id: str, prompt_ids: Sequence[int], params: SamplingParams | PoolingParams
     ) -> asyncio.Queue[Delta | BaseException]:
         """Validate now (raising the engine's named errors), run later; returns the stream."""
         if self.dead is not None:
@@ -249,7 +250,7 @@ class AsyncEngine:
         return stream
 
     def submit(
-        self, request_id: str, prompt_ids: Sequence[int], params: SamplingParams
+        self, request_id: str, prompt_ids: Sequence[int], params: SamplingParams | PoolingParams
     ) -> RequestStream:
         """Validate and queue now (raising the engine's named errors); iterate for deltas."""
         times = RequestTimes(arrival=time.monotonic(), prompt_tokens=len(prompt_ids))

@@ -10,7 +10,9 @@ from typing import cast
 from nanoserve.runtime.engine.boot.build import build_engine
 from nanoserve.runtime.engine.config.engine_config import EngineConfig
 from nanoserve.runtime.engine.engine import Engine, RequestError
+from nanoserve.runtime.engine.requests.pooling_params import PoolingParams
 from nanoserve.runtime.engine.requests.sampling_params import SamplingParams
+from nanoserve.runtime.text.rerank_prompt import rerank_prompt, score_pairs
 from nanoserve.runtime.text.tokenizer import Tokenizer
 
 Prompt = str | Sequence[int]
@@ -42,6 +44,17 @@ class RequestOutput:
     @property
     def num_generated_tokens(self) -> int:
         return sum(len(o.token_ids) for o in self.outputs)
+
+
+@dataclass(frozen=True, slots=True)
+class PoolingOutput:
+    """One pooling request's answer (vLLM's EmbeddingRequestOutput / ScoringRequestOutput):
+    `embedding` for LLM.embed, `score` for LLM.score."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    embedding: list[float] | None = None
+    score: float | None = None
 
 
 class LLM:
@@ -92,6 +105,65 @@ class LLM:
         if params is None or isinstance(params, SamplingParams):
             params = [params or SamplingParams()] * len(texts)
         return self._run(encoded, list(params))
+
+    def embed(
+        self,
+        prompts: Prompt | Sequence[Prompt],
+        *,
+        dimensions: int | None = None,
+        normalize: bool | None = None,
+    ) -> list[PoolingOutput]:
+        """Embeddings of prompts (texts, with the tokenizer's special tokens; or token ids), by
+        the model's pooling (`--task embed`, or what its files say)."""
+        one = isinstance(prompts, str) or bool(prompts and isinstance(prompts[0], int))
+        batch = [cast(Prompt, prompts)] if one else list(cast(Sequence[Prompt], prompts))
+        ids = [
+            self.engine.tokenizer.encode(p, add_special_tokens=True)
+            if isinstance(p, str)
+            else list(p)
+            for p in batch
+        ]
+        params = PoolingParams("embed", dimensions=dimensions, normalize=normalize)
+        return self._pool(ids, params)
+
+    def score(
+        self, text_1: str | Sequence[str], text_2: str | Sequence[str]
+    ) -> list[PoolingOutput]:
+        """Relevance scores of (query, document) pairs, as vLLM's `LLM.score`: one text_1 against
+        each text_2, or the two lists pairwise; each scored on the reranker's prompt."""
+        first = [text_1] if isinstance(text_1, str) else list(text_1)
+        second = [text_2] if isinstance(text_2, str) else list(text_2)
+        pairs = score_pairs(first, second)
+        if pairs is None:
+            raise RequestError(
+                "text_2", f"{len(first)} first texts cannot be paired with {len(second)} second"
+            )
+        encode = self.engine.tokenizer.encode
+        ids = [encode(rerank_prompt(q, d), add_special_tokens=False) for q, d in pairs]
+        return self._pool(ids, PoolingParams("score"))
+
+    def _pool(self, ids: list[list[int]], params: PoolingParams) -> list[PoolingOutput]:
+        for prompt in ids:  # all or nothing, as generate
+            self.engine.check_request(prompt, params)
+        order = []
+        for prompt in ids:
+            request_id = f"offline-{next(self._ids)}"
+            self.engine.add_request(request_id, prompt, params)
+            order.append(request_id)
+        answers: dict[str, tuple[float, ...]] = {}
+        while self.engine.has_unfinished:
+            for delta in self.engine.step():
+                if delta.pooled is not None:
+                    answers[delta.request_id] = delta.pooled
+        return [
+            PoolingOutput(
+                request_id,
+                prompt,
+                embedding=list(answers[request_id]) if params.task == "embed" else None,
+                score=answers[request_id][0] if params.task == "score" else None,
+            )
+            for request_id, prompt in zip(order, ids, strict=True)
+        ]
 
     def _run(
         self, encoded: list[tuple[str | None, list[int]]], params: list[SamplingParams]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 
@@ -18,6 +19,7 @@ from nanoserve.core import (
     BucketSet,
     DecodePlan,
     DecodeSeq,
+    PrefillPlan,
     bucket_decode,
     plan_decode,
     plan_prefill,
@@ -38,6 +40,14 @@ from nanoserve.runtime.engine.step.scheduler import SchedulerOutput
 from nanoserve.runtime.model.kv_pool import CacheRows, KVPool
 from nanoserve.runtime.model.llama import LlamaModel
 from nanoserve.runtime.model.memory import free_bytes
+
+
+class Executed(NamedTuple):
+    """What a step computed: the sampling rows' logits, and each pooling row's kept hidden
+    states (by seq_id; none for a chunk that keeps no row)."""
+
+    logits: torch.Tensor  # [rows that sample, vocab] float32
+    hidden: dict[int, torch.Tensor]  # seq_id -> [kept rows, hidden]
 
 
 class ModelRunner:
@@ -122,15 +132,16 @@ class ModelRunner:
             clock=clock,
         )
 
-    def execute(self, out: SchedulerOutput) -> torch.Tensor:
-        """Logits [rows that sample, vocab], in the order of out.scheduled; a verify row gives
-        one per position (its last token's, then each draft token's)."""
+    def execute(self, out: SchedulerOutput) -> Executed:
+        """Logits [rows that sample, vocab], in the order of out.scheduled (a verify row gives
+        one per position: its last token's, then each draft token's), and the hidden states
+        each pooling row keeps."""
         chunks = [item.chunk for item in out.scheduled]
         check_state_rows(
             [c.seq_id for c in chunks], [c.state_slot for c in chunks], self.sink_state_slot
         )
         if out.is_decode_only:
-            return self._decode(out)
+            return Executed(self._decode(out), {})
         plan = plan_prefill(
             chunks,
             sink_slot=self.sink_slot,
@@ -138,6 +149,11 @@ class ModelRunner:
             device=self.pool.device,
         )
         cache = self.pool.view(plan.seq_ids)
+        if any(item.pool is not None for item in out.scheduled):
+            return self._pooling(out, plan, cache)
+        return Executed(self._prefill(out, plan, cache), {})
+
+    def _prefill(self, out: SchedulerOutput, plan: PrefillPlan, cache: CacheRows) -> torch.Tensor:
         if any(item.draft for item in out.scheduled):
             starts = plan.query_starts
             rows = [
@@ -150,7 +166,27 @@ class ModelRunner:
             return self.model.forward(plan, cache, logit_rows=index)  # [rows, vocab]
         logits = self.model.forward(plan, cache)  # [chunks, vocab]
         sampling = [i for i, item in enumerate(out.scheduled) if item.samples]
-        return logits if len(sampling) == len(chunks) else logits[sampling]
+        return logits if len(sampling) == len(out.scheduled) else logits[sampling]
+
+    def _pooling(self, out: SchedulerOutput, plan: PrefillPlan, cache: CacheRows) -> Executed:
+        """A step with pooling rows: the final-normed hidden states of the sampling rows' last
+        tokens (then through the output projection) and of the rows each pooling row keeps."""
+        starts = plan.query_starts
+        rows = [starts[i + 1] - 1 for i, item in enumerate(out.scheduled) if item.samples]
+        sampling = len(rows)
+        spans: dict[int, tuple[int, int]] = {}
+        for i, item in enumerate(out.scheduled):
+            if item.pool is not None and item.pool.count:
+                spans[item.seq_id] = (len(rows), len(rows) + item.pool.count)
+                rows.extend(range(starts[i] + item.pool.start, starts[i] + item.pool.stop))
+        if not rows:  # pooling chunks that keep nothing yet: their K/V is all they write
+            self.model.hidden(plan, cache)
+            vocab = self.model.config.vocab_size
+            return Executed(torch.empty(0, vocab, device=self.pool.device), {})
+        index = torch.tensor(rows, dtype=torch.int64, device=self.pool.device)
+        hidden = self.model.hidden(plan, cache, logit_rows=index)  # [rows, hidden]
+        logits = self.model.logits(hidden[:sampling])
+        return Executed(logits, {seq_id: hidden[a:b] for seq_id, (a, b) in spans.items()})
 
     def plan_decode_step(self, out: SchedulerOutput) -> DecodePlan:
         seqs = [

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 from nanoserve.core import PrefillBudget, PrefillChunk
 from nanoserve.core.errors import GeometryError, NanoserveError
+from nanoserve.core.pooling import ChunkRows, kept_rows
 from nanoserve.core.state_slots import StateSlots, check_state_conservation
 from nanoserve.runtime.engine.step.block_manager import BlockManager
 from nanoserve.runtime.engine.step.sequence import Sequence, Status
@@ -43,6 +44,8 @@ class ScheduledSeq:
     # Proposed tokens fed after the last one, each to be verified (speculation); the chunk
     # holds them, and every one of its positions gives logits.
     draft: tuple[int, ...] = ()
+    # A pooling row: which of the chunk's rows its pooling reads (it never samples)
+    pool: ChunkRows | None = None
 
     @property
     def seq_id(self) -> int:
@@ -58,6 +61,9 @@ def schedule_seq(seq: Sequence, num_new: int) -> ScheduledSeq:
     start = seq.num_computed
     tokens = seq.tokens(start, start + num_new)
     chunk = PrefillChunk(seq.seq_id, tokens, start, seq.block_table, _state_slot(seq))
+    if seq.pooling is not None:
+        rows = kept_rows(seq.pooling.method, start, num_new, seq.num_tokens)
+        return ScheduledSeq(chunk, samples=False, pool=rows)
     return ScheduledSeq(chunk, start + num_new == seq.num_tokens)
 
 
@@ -231,7 +237,8 @@ class Scheduler:
             if seq.after is not None and not self._sibling_cached(seq.after):
                 break
             tokens = seq.token_ids()
-            cached = self.blocks.match_prefix(tokens)
+            # A pooling request reads its prompt's hidden states: it recomputes every token
+            cached = self.blocks.match_prefix(tokens) if seq.pooling is None else []
             restore = self.blocks.restore_slot(cached)  # the state at the hit's end
             seq.block_table.blocks = cached
             seq.num_computed = seq.num_cached = len(cached) * self.blocks.block_size
@@ -289,6 +296,8 @@ class Scheduler:
         for seq, item in zip(self.seqs_of(out), out.scheduled, strict=True):
             kept = item.draft[: (accepted or {}).get(item.seq_id, 0)]
             seq.num_computed += item.num_new - len(item.draft) + len(kept)
+            if seq.pooling is not None:
+                continue  # its K/V is not kept after its answer: nothing to cache
             if item.draft:
                 self.blocks.trim(seq.block_table, seq.num_computed + 1)
             if caching and seq.num_computed // block_size > len(seq.block_hashes):  # one filled

@@ -14,6 +14,7 @@ import torch
 
 from nanoserve.core import BlockTable
 from nanoserve.runtime.engine.requests.sampling_params import SamplingParams
+from nanoserve.runtime.engine.step.pooling_state import PoolingState
 from nanoserve.runtime.text.tokenizer import IncrementalDetokenizer, Tokenizer
 
 if TYPE_CHECKING:
@@ -44,6 +45,8 @@ class Delta:
     cached_tokens: int = 0
     # What ended a "stop": the stop string matched, or the stop token (not an EOS); vLLM's name
     stop_reason: str | int | None = None
+    # A pooling request's answer (an embedding, or one score), in its last delta only
+    pooled: tuple[float, ...] | None = None
 
 
 @dataclass(slots=True)
@@ -77,6 +80,7 @@ class Sequence:
     pending_ids: list[int] = field(default_factory=list)
     pending_logprobs: list[float] = field(default_factory=list)
     pending_top: list[tuple[tuple[int, float], ...]] = field(default_factory=list)
+    pooling: PoolingState | None = None  # a pooling request's (it samples nothing)
 
     @property
     def num_tokens(self) -> int:
@@ -193,6 +197,7 @@ class Sequence:
             completion_tokens=len(self.output_ids),
             cached_tokens=self.num_cached,
             stop_reason=self.stop_reason if self.finished else None,
+            pooled=self.pooling.result if self.pooling is not None and self.finished else None,
         )
         self.pending_ids.clear()
         self.pending_logprobs.clear()
@@ -234,6 +239,32 @@ def request_sequences(
             )
         )
     return seqs
+
+
+def pooling_sequence(
+    request_id: str,
+    prompt_ids: Seq[int],
+    state: PoolingState,
+    seq_id: int,
+    *,
+    block_size: int,
+    tokenizer: Tokenizer,
+) -> Sequence:
+    """A pooling request's one sequence: its prompt, computed and pooled, then finished."""
+    return Sequence(
+        seq_id=seq_id,
+        request_id=request_id,
+        index=0,
+        prompt_ids=list(prompt_ids),
+        params=POOLING_SAMPLING,
+        block_table=BlockTable(block_size),
+        detokenizer=IncrementalDetokenizer(tokenizer, skip_special_tokens=True),
+        eos_token_ids=frozenset(),
+        pooling=state,
+    )
+
+
+POOLING_SAMPLING = SamplingParams(max_tokens=1, temperature=0.0)  # never sampled from
 
 
 def _held_back(text: str, stops: Iterable[str]) -> int:

@@ -1,0 +1,1 @@
+"""The pooling routes: embeddings (OpenAI), rerank (Jina/Cohere) and score (vLLM)."""
