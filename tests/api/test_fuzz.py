@@ -145,6 +145,13 @@ GENERATION_FREE_POSTS = {
     "/v1/chat/completions/render",
     "/v1/messages/count_tokens",
     "/reset_prefix_cache",
+    # the pooling routes: the fuzzed model generates, so each is answered (a 400) at the door
+    "/v1/embeddings",
+    "/rerank",
+    "/v1/rerank",
+    "/v2/rerank",
+    "/score",
+    "/v1/score",
 }
 
 

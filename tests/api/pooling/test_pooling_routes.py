@@ -124,3 +124,15 @@ async def test_score_pairs_one_against_many_and_pairwise() -> None:
         [1 / (1 + len(rerank_prompt(q, t))) for q, t in (("q", "a"), ("r", "bb"))]
     )
     openai_error(mismatched, 400, param="text_2")
+
+
+async def test_a_long_input_list_goes_in_windows() -> None:
+    """70 inputs: three windows of at most 32 in the engine, answered in order."""
+    fake = FakeEngine()
+    inputs = [[i + 1] * (i + 1) for i in range(70)]
+    async with fake_server(fake) as (client, _):
+        answer = (await client.post("/v1/embeddings", json={"input": inputs})).json()
+    assert [d["embedding"][0] for d in answer["data"]] == [float(i + 1) for i in range(70)]
+    assert [d["index"] for d in answer["data"]] == list(range(70))
+    ids = [request_id for request_id, _, _ in fake.pooling_submitted]
+    assert len(ids) == 70 and ids[-1].endswith("-69")

@@ -90,6 +90,8 @@ async def test_metric_values_are_the_engine_status() -> None:
             "prompt_tokens": 123,
             "generation_tokens": 456,
             "finished": {"stop": 4, "length": 2},
+            "pooling_requests": 7,
+            "pooling_tokens": 89,
         },
     )
     async with fake_server(fake) as (client, _):
@@ -105,6 +107,8 @@ async def test_metric_values_are_the_engine_status() -> None:
         "nanoserve:prefix_cache_hit_rate": 0.25,
         "nanoserve:prompt_tokens_total": 123.0,
         "nanoserve:generation_tokens_total": 456.0,
+        "nanoserve:pooling_requests_total": 7.0,
+        "nanoserve:pooling_prompt_tokens_total": 89.0,
         "nanoserve:prefix_cache_queries_total": 40.0,
         "nanoserve:prefix_cache_hits_total": 10.0,
         'nanoserve:request_success_total{finished_reason="stop"}': 4.0,

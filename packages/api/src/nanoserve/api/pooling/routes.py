@@ -43,6 +43,7 @@ from nanoserve.api.server.state import ServerState
 from nanoserve.runtime import PoolingParams, rerank_prompt, score_pairs
 
 MAX_INPUTS = 2048  # prompts per request, as OpenAI bounds an embeddings request
+WINDOW = 32  # of a request's prompts, at most this many are in the engine at once
 
 
 class PoolingController(Controller):
@@ -175,21 +176,27 @@ async def _pool(
     prompts: Sequence[Sequence[int]],
     params: PoolingParams,
 ) -> list[tuple[float, ...]]:
-    """Every prompt's answer, in order: submitted together, drained (a client that leaves
-    aborts them all)."""
+    """Every prompt's answer, in order. At most WINDOW prompts are in the engine at once (a
+    2,048-input request neither fills the waiting queue nor crowds out the chat traffic queued
+    behind it); each window is submitted together and drained (a client that leaves aborts
+    it)."""
     engine = server.require_engine()
     request_id = f"{prefix}-{uuid.uuid4().hex}"
-    requests = [(f"{request_id}-{i}", p) for i, p in enumerate(prompts)]
-    merged = await MergedStream.submit(
-        engine, requests, params, timeout=server.settings.request_timeout
-    )
-    answers: dict[int, tuple[float, ...]] = {}
-    for index, delta in await merged.drain(request):
-        if delta.pooled is not None:
-            answers[index] = delta.pooled
-        elif delta.finish_reason == "abort":
-            raise APIError(503, "the request was aborted before its answer", code="aborted")
-    return [answers[i] for i in range(len(prompts))]
+    answers: list[tuple[float, ...]] = []
+    for start in range(0, len(prompts), WINDOW):
+        window = prompts[start : start + WINDOW]
+        requests = [(f"{request_id}-{start + i}", p) for i, p in enumerate(window)]
+        merged = await MergedStream.submit(
+            engine, requests, params, timeout=server.settings.request_timeout
+        )
+        pooled: dict[int, tuple[float, ...]] = {}
+        for index, delta in await merged.drain(request):
+            if delta.pooled is not None:
+                pooled[index] = delta.pooled
+            elif delta.finish_reason == "abort":
+                raise APIError(503, "the request was aborted before its answer", code="aborted")
+        answers.extend(pooled[i] for i in range(len(window)))
+    return answers
 
 
 def _encode(vector: tuple[float, ...], encoding_format: str) -> list[float] | str:
