@@ -164,6 +164,7 @@ async def test_models() -> None:
                 "created": int(server.started),
                 "owned_by": "nanoserve",
                 "max_model_len": 64,
+                "task": "generate",
             }
         ],
     }

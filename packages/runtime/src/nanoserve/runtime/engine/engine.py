@@ -17,25 +17,22 @@ from typing import Any
 
 import torch
 
-from nanoserve.core.state_checkpoints import StateCheckpoints
-from nanoserve.core.state_slots import StateSlots
 from nanoserve.runtime.decode.recordings import Backend
 from nanoserve.runtime.decode.warmup import Clock, WarmEstimate, WarmPlan, WarmupReport
 from nanoserve.runtime.engine.config.engine_config import EngineConfig, ResolvedConfig
-from nanoserve.runtime.engine.config.memory_plan import plan_memory
+from nanoserve.runtime.engine.engine_parts import build_parts
 from nanoserve.runtime.engine.engine_status import EngineStatus, PrefixCacheCounts
 from nanoserve.runtime.engine.requests.pooling_params import PoolingParams, check_pooling
 from nanoserve.runtime.engine.requests.request_check import RequestError, check_request
 from nanoserve.runtime.engine.requests.sampling_params import SamplingParams
-from nanoserve.runtime.engine.speculation.speculator import build_speculator
 from nanoserve.runtime.engine.step import verify
-from nanoserve.runtime.engine.step.block_manager import BlockManager, PrefixCacheStats
+from nanoserve.runtime.engine.step.block_manager import PrefixCacheStats
 from nanoserve.runtime.engine.step.kv_events import KVEvent
 from nanoserve.runtime.engine.step.pooling import commit_pooled
 from nanoserve.runtime.engine.step.pooling_state import PoolingCounts, PoolingState
-from nanoserve.runtime.engine.step.runner import Executed, ModelRunner
+from nanoserve.runtime.engine.step.runner import Executed
 from nanoserve.runtime.engine.step.sampler import SampleResult, sample
-from nanoserve.runtime.engine.step.scheduler import Scheduler, SchedulerOutput
+from nanoserve.runtime.engine.step.scheduler import SchedulerOutput
 from nanoserve.runtime.engine.step.sequence import (
     Delta,
     Sequence,
@@ -44,14 +41,10 @@ from nanoserve.runtime.engine.step.sequence import (
     request_sequences,
 )
 from nanoserve.runtime.engine.step.verify import RowGroup, accepted_drafts, append_kept
-from nanoserve.runtime.engine.timing.step_timing import resolve_prefill_budget, step_timings
 from nanoserve.runtime.kernels.cpu_features import cpu_features
 from nanoserve.runtime.loading.pooler_config import GENERATE
-from nanoserve.runtime.model.kv_pool import KVPool
 from nanoserve.runtime.model.llama import LlamaModel
-from nanoserve.runtime.model.memory import keep_freed_memory
 from nanoserve.runtime.model.pooler import Pooler
-from nanoserve.runtime.model.state_pool import StatePool
 from nanoserve.runtime.structured.grammar_compiler import GrammarCompiler
 from nanoserve.runtime.structured.grammar_spec import GrammarSpec
 from nanoserve.runtime.structured.token_masks import TokenMasks
@@ -86,37 +79,16 @@ class Engine:
         self.pooler = pooler or Pooler(GENERATE, logits=model.logits)
         self.generates = self.pooler.task == "generate"  # an embedder or reranker does not
         cfg = model.config
-        # A hybrid's recurrent state (a slot per running sequence, its prefix cache's
-        # checkpoints, the sink) comes out of the K/V budget first.
-        self.memory = plan_memory(cfg, config, model.kv_dtype)
-        self.state_plan, self.pool_plan = self.memory.state, self.memory.kv
-        if model.device.type == "cpu":
-            keep_freed_memory()
-        self.pool = KVPool(self.pool_plan, model.device, StatePool(self.state_plan, model.device))
+        parts = build_parts(model, config, backend, draft)
+        self.memory, self.pool, self.blocks = parts.memory, parts.pool, parts.blocks
+        self.state_plan, self.pool_plan = parts.state_plan, parts.pool_plan
         self.prefix_caching = self.memory.prefix_caching
-        state_slots = StateSlots(self.state_plan.num_slots)
-        rule = self.memory.checkpoints
-        self.blocks = BlockManager(
-            self.pool_plan.num_blocks,
-            config.block_size,
-            enable_prefix_cache=self.prefix_caching,
-            checkpoints=StateCheckpoints(state_slots, self.state_plan.checkpoint_slots, rule)
-            if rule is not None
-            else None,
+        self.step_timings, self.prefill_budget = parts.step_timings, parts.prefill_budget
+        self.speculator, self.scheduler, self.runner = (
+            parts.speculator,
+            parts.scheduler,
+            parts.runner,
         )
-        self.step_timings = step_timings(model, config)  # "auto" on a CPU: timed or remembered
-        budget = self.prefill_budget = resolve_prefill_budget(config, self.step_timings)
-        self.speculator = build_speculator(model, config, budget, self.pool_plan, draft)
-        self.scheduler = Scheduler(
-            self.blocks,
-            max_batch=config.max_batch,
-            max_num_batched_tokens=config.max_num_batched_tokens,
-            max_waiting=config.max_waiting,
-            prefill_budget=self.prefill_budget,
-            drafter=self.speculator.drafts if self.speculator is not None else None,
-            state_slots=state_slots,
-        )
-        self.runner = ModelRunner(model, self.pool, config, backend)
         self.eos_token_ids = frozenset(cfg.eos_token_ids) | frozenset(tokenizer.eos_token_ids)
         self.grammars = GrammarCompiler(
             tokenizer, vocab_size=cfg.vocab_size, eos_token_ids=sorted(self.eos_token_ids)
