@@ -217,11 +217,7 @@ def make_tiny_model_dir(
     }[arch]
     geometry = {**_TINY_GEOMETRY, **TINY_ARCH_OVERRIDES.get(arch, {})}
     config = config_cls(**{**geometry, "tie_word_embeddings": tie, **overrides})
-    model = model_cls(config)
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for param in model.parameters():
-            param.copy_(torch.randn(param.shape, generator=generator) * 0.5)
+    model = _randomized(model_cls(config), seed)
     out = tmp_path / f"{arch}-{'tied' if tie else 'untied'}-{seed}"
     model.save_pretrained(out)
     _make_tiny_tokenizer().save(str(out / "tokenizer.json"))
@@ -233,6 +229,16 @@ def make_tiny_model_dir(
     }
     (out / "tokenizer_config.json").write_text(json.dumps(tokenizer_config))
     return out
+
+
+def _randomized(model: Any, seed: int) -> Any:
+    """model with every parameter, norms included, drawn from N(0, 0.5²) (so that a swapped
+    tensor is visible)."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for param in model.parameters():
+            param.copy_(torch.randn(param.shape, generator=generator) * 0.5)
+    return model
 
 
 def hf_state_dict(model_dir: Path) -> dict[str, torch.Tensor]:
@@ -639,11 +645,8 @@ def make_tiny_classifier_dir(tmp_path: Path, num_labels: int = 1, seed: int = 0)
         "pad_token_id": 0,
         "max_position_embeddings": 512,
     }
-    model = transformers.Qwen3ForSequenceClassification(transformers.Qwen3Config(**geometry))
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for param in model.parameters():
-            param.copy_(torch.randn(param.shape, generator=generator) * 0.5)
+    config = transformers.Qwen3Config(**geometry)
+    model = _randomized(transformers.Qwen3ForSequenceClassification(config), seed)
     out = tmp_path / f"qwen3-classifier-{num_labels}-{seed}"
     model.save_pretrained(out)
     _make_tiny_tokenizer().save(str(out / "tokenizer.json"))
