@@ -94,7 +94,9 @@ async def test_speculation_is_served_and_changes_no_greedy_answer(tiny_mixed_ggu
         async with fake_server(factory=build_async_engine, engine=config) as (client, server):
             assert server.engine is not None, server.boot_error
             if (speculator := async_engine(server).engine.speculator) is not None:
-                assert speculator.cost.per_draft_s > 0  # the boot measured a draft token
+                # The boot timed its steps; a draft token on this tiny model may time as free
+                # (per_draft_s is clamped at 0: a fresh clone's CI measured exactly that).
+                assert speculator.cost.base_s > 0 and speculator.cost.per_draft_s >= 0
                 speculator.cost = DraftCost(
                     base_s=1.0, per_row_s=0.0, switch_s=0.0, per_draft_s=0.0
                 )
