@@ -217,7 +217,7 @@ def make_tiny_model_dir(
     }[arch]
     geometry = {**_TINY_GEOMETRY, **TINY_ARCH_OVERRIDES.get(arch, {})}
     config = config_cls(**{**geometry, "tie_word_embeddings": tie, **overrides})
-    model = _randomized(model_cls(config), seed)
+    model = randomized(model_cls(config), seed)
     out = tmp_path / f"{arch}-{'tied' if tie else 'untied'}-{seed}"
     model.save_pretrained(out)
     _make_tiny_tokenizer().save(str(out / "tokenizer.json"))
@@ -231,7 +231,7 @@ def make_tiny_model_dir(
     return out
 
 
-def _randomized(model: Any, seed: int) -> Any:
+def randomized(model: Any, seed: int) -> Any:
     """model with every parameter, norms included, drawn from N(0, 0.5²) (so that a swapped
     tensor is visible)."""
     generator = torch.Generator().manual_seed(seed)
@@ -646,7 +646,7 @@ def make_tiny_classifier_dir(tmp_path: Path, num_labels: int = 1, seed: int = 0)
         "max_position_embeddings": 512,
     }
     config = transformers.Qwen3Config(**geometry)
-    model = _randomized(transformers.Qwen3ForSequenceClassification(config), seed)
+    model = randomized(transformers.Qwen3ForSequenceClassification(config), seed)
     out = tmp_path / f"qwen3-classifier-{num_labels}-{seed}"
     model.save_pretrained(out)
     _make_tiny_tokenizer().save(str(out / "tokenizer.json"))

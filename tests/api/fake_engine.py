@@ -34,6 +34,7 @@ from nanoserve.runtime.engine.requests.sampling_params import SamplingParams
 from nanoserve.runtime.engine.step.scheduler import QueueFullError
 from nanoserve.runtime.engine.step.sequence import Delta
 from nanoserve.runtime.structured.grammar_spec import GrammarSpec
+from nanoserve.runtime.text.rerank_prompt import rerank_prompt
 
 MODEL = "fake-model"
 POOL = KVPoolPlan(
@@ -160,6 +161,10 @@ class FakeEngine:
         self.template_vars.append(dict(extra))
         text = "".join(f"<{m['role']}>{m['content']}" for m in messages)
         return text + "<assistant>" if add_generation_prompt else text
+
+    def score_prompt(self, query: str, document: str, instruction: str | None = None) -> list[int]:
+        text = rerank_prompt(query, document, instruction)
+        return self.tokenizer.encode(text, add_special_tokens=False)
 
     def check_room(self, samples: int = 1) -> None:
         if self.room is not None and samples > self.room:

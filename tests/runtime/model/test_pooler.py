@@ -10,7 +10,7 @@ import torch
 from nanoserve.core.pooling import PoolingMethod
 from nanoserve.runtime.errors import ConfigError
 from nanoserve.runtime.loading.pooler_config import DenseLayer, PoolerConfig
-from nanoserve.runtime.model.pooler import Pooler, build_pooler, yes_no_ids
+from nanoserve.runtime.model.pooler import Classifier, Pooler, build_pooler, yes_no_ids
 
 VECTOR = torch.tensor([3.0, 4.0])
 
@@ -33,13 +33,13 @@ def test_a_classifier_scores_by_sigmoid_or_the_last_label() -> None:
     one = Pooler(
         PoolerConfig("rerank", PoolingMethod.LAST, False, "classifier"),
         logits=no_logits,
-        classifier=(torch.tensor([[0.5, -0.25]]), torch.tensor([0.5])),
+        classifier=Classifier((torch.tensor([[0.5, -0.25]]), torch.tensor([0.5]))),
     )
     assert one.score(VECTOR) == pytest.approx(1 / (1 + math.exp(-1.0)))  # 1.5 - 1 + 0.5
     two = Pooler(
         PoolerConfig("rerank", PoolingMethod.LAST, False, "classifier"),
         logits=no_logits,
-        classifier=(torch.tensor([[1.0, 0.0], [0.0, 1.0]]), None),
+        classifier=Classifier((torch.tensor([[1.0, 0.0], [0.0, 1.0]]), None)),
     )
     assert two.score(VECTOR) == pytest.approx(math.exp(4) / (math.exp(3) + math.exp(4)))
 

@@ -20,6 +20,7 @@ from nanoserve.runtime.engine.config.engine_config import (
 )
 from nanoserve.runtime.engine.engine import Engine
 from nanoserve.runtime.errors import CheckpointError
+from nanoserve.runtime.model.llama import LlamaModel
 from tests.runtime.capture_helpers import recordings_of
 
 
@@ -222,6 +223,7 @@ def test_the_prefill_budget_is_measured_at_boot(tiny_mixed_gguf: Path) -> None:
 def test_quantize_auto_on_a_float_checkpoint_is_the_dtype(tiny_llama_dir: Path) -> None:
     engine, _ = boot(tiny_llama_dir, quantize="auto", dtype="float32")
     assert engine.config.quantize is None
+    assert isinstance(engine.runner.model, LlamaModel)
     assert engine.runner.model.ops.name == "torch"
 
 

@@ -40,7 +40,7 @@ from nanoserve.api.server.admission import admit
 from nanoserve.api.server.engine_client import EngineClient
 from nanoserve.api.server.errors import APIError
 from nanoserve.api.server.state import ServerState
-from nanoserve.runtime import PoolingParams, rerank_prompt, score_pairs
+from nanoserve.runtime import PoolingParams, score_pairs
 
 MAX_INPUTS = 2048  # prompts per request, as OpenAI bounds an embeddings request
 WINDOW = 32  # of a request's prompts, at most this many are in the engine at once
@@ -156,8 +156,7 @@ def _is_token(value: object) -> bool:
 
 
 def _pair(engine: EngineClient, query: str, document: str, instruction: str | None) -> list[int]:
-    text = rerank_prompt(query, document, instruction)
-    return engine.tokenizer.encode(text, add_special_tokens=False)
+    return engine.score_prompt(query, document, instruction)
 
 
 def _params(

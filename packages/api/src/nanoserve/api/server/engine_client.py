@@ -82,6 +82,10 @@ class EngineClient(Protocol):
         """The template's text; `extra` are template variables (tools, enable_thinking)."""
         ...
 
+    def score_prompt(self, query: str, document: str, instruction: str | None = None) -> list[int]:
+        """A (query, document) pair's prompt ids as the reranker reads it."""
+        ...
+
     def default_max_tokens(self, prompt_len: int) -> int:
         """What a request that leaves max_tokens unset may generate."""
         ...

@@ -19,7 +19,11 @@ import torch
 
 from nanoserve.runtime.decode.recordings import Backend
 from nanoserve.runtime.decode.warmup import Clock, WarmEstimate, WarmPlan, WarmupReport
-from nanoserve.runtime.engine.config.engine_config import EngineConfig, ResolvedConfig
+from nanoserve.runtime.engine.config.engine_config import (
+    EngineConfig,
+    ResolvedConfig,
+    without_decoding,
+)
 from nanoserve.runtime.engine.engine_parts import build_parts
 from nanoserve.runtime.engine.engine_status import EngineStatus, PrefixCacheCounts
 from nanoserve.runtime.engine.requests.pooling_params import PoolingParams, check_pooling
@@ -45,17 +49,19 @@ from nanoserve.runtime.kernels.cpu_features import cpu_features
 from nanoserve.runtime.loading.pooler_config import GENERATE
 from nanoserve.runtime.model.llama import LlamaModel
 from nanoserve.runtime.model.pooler import Pooler
+from nanoserve.runtime.model.served_model import ServedModel
 from nanoserve.runtime.structured.grammar_compiler import GrammarCompiler
 from nanoserve.runtime.structured.grammar_spec import GrammarSpec
 from nanoserve.runtime.structured.token_masks import TokenMasks
 from nanoserve.runtime.text.chat_template import ChatTemplate
+from nanoserve.runtime.text.rerank_prompt import pair_prompt
 from nanoserve.runtime.text.tokenizer import Tokenizer
 
 
 class Engine:
     def __init__(
         self,
-        model: LlamaModel,
+        model: ServedModel,
         tokenizer: Tokenizer,
         config: ResolvedConfig,
         *,
@@ -69,6 +75,8 @@ class Engine:
         """boot_started: perf_counter() when the boot began, for `mark_ready`'s seconds; draft:
         speculative method draft_model's draft (its tokenizer the target's: build.py checks);
         pooler: what the model serves (None: generation)."""
+        if model.config.encoder is not None:  # whole inputs: nothing to record, time or draft
+            config = without_decoding(config, pooler.task if pooler else "generate")
         self.model = model
         self.tokenizer = tokenizer
         self.config = config
@@ -109,7 +117,7 @@ class Engine:
 
     @classmethod
     def from_config(
-        cls, model: LlamaModel, tokenizer: Tokenizer, config: EngineConfig, **kwargs: Any
+        cls, model: ServedModel, tokenizer: Tokenizer, config: EngineConfig, **kwargs: Any
     ) -> Engine:
         """An engine over a model already built: config resolved against that model (its
         positions, and its weight form for quantize "auto"). build_engine resolves before it
@@ -163,6 +171,8 @@ class Engine:
     def check_request(self, prompt_ids: Seq[int], params: SamplingParams | PoolingParams) -> None:
         if isinstance(params, PoolingParams):
             limit = min(self.config.max_model_len, self.pool_plan.num_slots)
+            if self.scheduler.whole_prompts:  # an encoder's input is one step's chunk
+                limit = min(limit, self.config.max_num_batched_tokens)
             check_pooling(prompt_ids, params, self.pooler, self.model.config, limit)
             return
         if not self.generates:
@@ -370,6 +380,12 @@ class Engine:
         return self.chat_template.render(
             messages, add_generation_prompt=add_generation_prompt, **extra
         )
+
+    def score_prompt(self, query: str, document: str, instruction: str | None = None) -> list[int]:
+        """A (query, document) pair as the reranker reads it: a cross-encoder's two segments,
+        or a decoder's yes/no prompt (text/rerank_prompt.py)."""
+        segments = self.model.config.encoder is not None
+        return pair_prompt(self.tokenizer, query, document, instruction, segments=segments)
 
     @property
     def template_reads_tools(self) -> bool:

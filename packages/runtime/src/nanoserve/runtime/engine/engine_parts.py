@@ -28,6 +28,7 @@ from nanoserve.runtime.engine.timing.timing_cache import StepTimings
 from nanoserve.runtime.model.kv_pool import KVPool
 from nanoserve.runtime.model.llama import LlamaModel
 from nanoserve.runtime.model.memory import keep_freed_memory
+from nanoserve.runtime.model.served_model import ServedModel
 from nanoserve.runtime.model.state_pool import StatePool
 
 
@@ -52,7 +53,7 @@ class EngineParts:
 
 
 def build_parts(
-    model: LlamaModel,
+    model: ServedModel,
     config: ResolvedConfig,
     backend: Backend | None = None,
     draft: LlamaModel | None = None,
@@ -73,9 +74,11 @@ def build_parts(
         if rule is not None
         else None,
     )
-    timings = step_timings(model, config)  # "auto" on a CPU: timed or remembered
+    # An encoder neither decodes nor drafts: its steps are whole inputs under the token budget
+    decoder = model if isinstance(model, LlamaModel) else None
+    timings = step_timings(decoder, config) if decoder else None  # "auto": timed or remembered
     budget = resolve_prefill_budget(config, timings)
-    speculator = build_speculator(model, config, budget, memory.kv, draft)
+    speculator = build_speculator(decoder, config, budget, memory.kv, draft) if decoder else None
     scheduler = Scheduler(
         blocks,
         max_batch=config.max_batch,
@@ -84,6 +87,7 @@ def build_parts(
         prefill_budget=budget,
         drafter=speculator.drafts if speculator is not None else None,
         state_slots=state_slots,
+        whole_prompts=model.config.encoder is not None,
     )
     runner = ModelRunner(model, pool, config, backend)
     return EngineParts(memory, pool, blocks, timings, budget, speculator, scheduler, runner)

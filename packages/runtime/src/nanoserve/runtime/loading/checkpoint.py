@@ -18,12 +18,14 @@ from typing import TYPE_CHECKING, Literal, Protocol
 import torch
 
 from nanoserve.runtime.errors import WeightsError
+from nanoserve.runtime.loading.encoder_names import HEAD_NAMES, encoder_tensor_shapes
 from nanoserve.runtime.loading.gguf_blocks import GgufBlocks
 from nanoserve.runtime.loading.hf_dir import HfDir
 from nanoserve.runtime.loading.model_config import ModelConfig
 from nanoserve.runtime.loading.pooler_config import (
     GENERATE,
     PoolerConfig,
+    encoder_pooler,
     read_gguf_pooler,
     read_hf_pooler,
 )
@@ -40,7 +42,7 @@ if TYPE_CHECKING:  # gguf_file imports gguf, which a GPU machine without an inde
 LM_HEAD = "lm_head.weight"
 CLASSIFIER = ("score.weight", "score.bias")  # a *ForSequenceClassification head
 # Tensors some checkpoints carry that are derived, not learned: skipped rather than rejected.
-_IGNORED_SUFFIXES = (".rotary_emb.inv_freq",)
+_IGNORED_SUFFIXES = (".rotary_emb.inv_freq", "embeddings.position_ids")
 
 
 class TensorSource(Protocol):
@@ -140,6 +142,8 @@ def load_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
         pooler = read_gguf_pooler(metadata, str(metadata.get("general.architecture")))
     config = source.config
     shapes = source.tensor_shapes()
+    if config.encoder is not None:  # an encoder embeds or scores, by its first token unless told
+        pooler = encoder_pooler(pooler, shapes)
     if pooler.task != "generate" and not config.tie_word_embeddings and LM_HEAD not in shapes:
         # An embedder saved without its LM head: the embedding table stands in (never served)
         config = dataclasses.replace(config, tie_word_embeddings=True)
@@ -158,6 +162,15 @@ def load_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
 def expected_tensor_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
     """Hugging Face tensor names -> shapes for `config`, in load order."""
     hidden, inter = config.hidden_size, config.intermediate_size
+    if config.encoder is not None:
+        return encoder_tensor_shapes(
+            config.encoder,
+            vocab=config.vocab_size,
+            hidden=hidden,
+            inter=inter,
+            layers=config.num_layers,
+            positions=config.max_position_embeddings,
+        )
     shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (config.vocab_size, hidden)}
     conv, delta, mamba = config.short_conv, config.delta_net, config.mamba
     # Qwen3.5's query projection is twice as wide: each head's query, then its output gate.
@@ -286,6 +299,8 @@ def check_tensor_shapes(
     allowed = {LM_HEAD} if config.tie_word_embeddings else set()
     if heads:
         allowed |= set(CLASSIFIER)
+    if config.encoder is not None:  # a cross-encoder's head, or a base model's unused pooler
+        allowed |= set(HEAD_NAMES)
     unexpected = sorted(
         name
         for name in actual

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from nanoserve.runtime.errors import ConfigError, UnsupportedModelError, WeightsError
+from nanoserve.runtime.loading.encoder_layers import gguf_encoder_fields
 from nanoserve.runtime.loading.gguf_reader import GgufReader
 from nanoserve.runtime.loading.gguf_recurrent import (
     granite_mamba,
@@ -51,6 +52,13 @@ def gguf_config(
             raise ConfigError(path, f"GGUF metadata has no {stored_arch}.{name!r}")
         return value
 
+    if arch in ("bert", "nomic_bert"):  # an encoder: encoder_layers.py reads its keys
+        vocab = len(metadata["tokenizer.ggml.tokens"])
+        fields = gguf_encoder_fields(key, gguf_names, vocab, nomic=arch == "nomic_bert")
+        try:
+            return ModelConfig(**fields)
+        except ConfigError as error:
+            raise ConfigError(path, error.problem) from None
     hidden_size = int(key("embedding_length"))
     num_heads = int(key("attention.head_count"))
     num_kv_heads = key("attention.head_count_kv", num_heads)

@@ -37,6 +37,7 @@ from nanoserve.runtime.errors import (
     WeightsError,
 )
 from nanoserve.runtime.kernels import kernel_ops
+from nanoserve.runtime.loading.encoder_names import gguf_encoder_name
 from nanoserve.runtime.loading.gguf_blocks import GgufBlocks
 from nanoserve.runtime.loading.gguf_config import gguf_config, rope_scaling_tensors
 from nanoserve.runtime.loading.gguf_reader import GgufReader, TensorInfo
@@ -73,6 +74,8 @@ _ARCHITECTURES: dict[str, Architecture] = {
     "lfm2": "lfm2",
     "qwen35": "qwen3_5",
     "granitehybrid": "granitemoehybrid",
+    "bert": "bert",
+    "nomic-bert": "nomic_bert",
 }
 # Q/K rows interleaved per head
 _PERMUTED: tuple[Architecture, ...] = ("llama", "smollm3", "granitemoehybrid")
@@ -123,6 +126,8 @@ _LAYER = re.compile(r"blk\.(\d+)\.(.+)")
 
 def hf_tensor_name(gguf_name: str, arch: str = "llama") -> str | None:
     """The Hugging Face name of a GGUF tensor, or None for one without an HF counterpart."""
+    if arch in ("bert", "nomic_bert"):
+        return gguf_encoder_name(gguf_name)
     whole = _WHOLE_NAMES_BY_ARCH.get(arch, {})
     if (match := _LAYER.fullmatch(gguf_name)) and match.group(2) in whole:
         return f"model.layers.{match.group(1)}.{whole[match.group(2)]}"

@@ -25,6 +25,7 @@ from nanoserve.runtime.errors import (
     TokenizerError,
     WeightsError,
 )
+from nanoserve.runtime.loading.encoder_names import with_fused_qkv
 from nanoserve.runtime.loading.hf_names import canonical_name, skipped_part
 from nanoserve.runtime.loading.model_config import ModelConfig
 from nanoserve.runtime.text.tokenizer import Tokenizer
@@ -75,6 +76,8 @@ class HfDir:
         stored = {
             canonical_name(arch, name): name for name in shapes if skipped_part(arch, name) is None
         }
+        if config.encoder is not None:  # q, k and v as one tensor or three: as the file has them
+            config = with_fused_qkv(config, stored)
         return cls(
             path=path,
             config=config,

@@ -18,6 +18,10 @@ each named at boot, as vLLM's `--language-model-only` skips the tower.
 
 from __future__ import annotations
 
+from nanoserve.runtime.loading.encoder_names import encoder_name, encoder_skipped_part
+
+ENCODERS = ("bert", "nomic_bert")  # named by encoder_names.py
+
 LFM2_NAMES: tuple[tuple[str, str], ...] = (
     (".operator_norm.", ".input_layernorm."),
     (".ffn_norm.", ".post_attention_layernorm."),
@@ -53,6 +57,8 @@ BASE_MODEL_PARTS = ("embed_tokens.", "layers.", "norm.")
 
 def canonical_name(architecture: str, name: str) -> str:
     """`name` as the loader knows it: the family's part renamed, the rest kept."""
+    if architecture in ENCODERS:
+        return encoder_name(name)
     if name.startswith(BASE_MODEL_PARTS):
         name = "model." + name
     for stored, known in PREFIXES.get(architecture, ()):
@@ -69,6 +75,8 @@ def canonical_name(architecture: str, name: str) -> str:
 def skipped_part(architecture: str, name: str) -> str | None:
     """The part of the checkpoint a stored `name` belongs to when the loader skips it (Qwen3.5's
     "vision tower", "MTP heads"), else None."""
+    if architecture in ENCODERS:
+        return encoder_skipped_part(name)
     for prefix, part in SKIPPED_PARTS.get(architecture, ()):
         if name.startswith(prefix):
             return part

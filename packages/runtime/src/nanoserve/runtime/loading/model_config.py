@@ -30,6 +30,11 @@ from nanoserve.runtime.loading.config_fields import (
     qwen3_5_text_config,
     token_ids,
 )
+from nanoserve.runtime.loading.encoder_layers import (
+    ENCODER_MODEL_TYPES,
+    EncoderLayers,
+    encoder_fields,
+)
 from nanoserve.runtime.loading.layer_pattern import layer_types, no_rope_layers, sliding_window
 from nanoserve.runtime.loading.recurrent_layers import (
     DeltaNetLayers,
@@ -53,6 +58,8 @@ Architecture = Literal[
     "lfm2",
     "qwen3_5",
     "granitemoehybrid",
+    "bert",
+    "nomic_bert",
 ]
 ARCHITECTURES: tuple[Architecture, ...] = (
     "llama",
@@ -65,6 +72,8 @@ ARCHITECTURES: tuple[Architecture, ...] = (
     "lfm2",
     "qwen3_5",
     "granitemoehybrid",
+    "bert",
+    "nomic_bert",
 )
 HF_CLASS_NAMES: dict[Architecture, str] = {
     "llama": "LlamaForCausalLM",
@@ -77,11 +86,13 @@ HF_CLASS_NAMES: dict[Architecture, str] = {
     "lfm2": "Lfm2ForCausalLM",
     "qwen3_5": "Qwen3_5ForCausalLM",
     "granitemoehybrid": "GraniteMoeHybridForCausalLM",
+    "bert": "BertModel",
+    "nomic_bert": "NomicBertModel",
 }
 # config.json's model_type of each (Gemma 3's text-only checkpoints are "gemma3_text"; Qwen3.5's
 # text model is "qwen3_5_text", and "qwen3_5" its multimodal form, whose text_config is read)
 HF_MODEL_TYPES: dict[str, Architecture] = {
-    **{arch: arch for arch in ARCHITECTURES if arch != "gemma3"},
+    **{arch: arch for arch in ARCHITECTURES if arch not in ("gemma3", "bert", "nomic_bert")},
     "gemma3_text": "gemma3",
     "qwen3_5_text": "qwen3_5",
 }
@@ -126,6 +137,7 @@ class ModelConfig:
     logits_scaling: float = 1.0  # the logits divided by this (Granite)
     fused_mlp: bool = False  # the checkpoint stores gate and up as one `gate_up_proj` (Phi-3;
     # Granite's `shared_mlp.input_linear`; a Granite GGUF stores them apart)
+    encoder: EncoderLayers | None = None  # a BERT-family encoder's deltas (encoder_layers.py)
 
     def __post_init__(self) -> None:
         self.check("ModelConfig")  # `from_hf` re-raises naming the file it read
@@ -165,7 +177,10 @@ class ModelConfig:
 
     @property
     def attention_layers(self) -> tuple[int, ...]:
-        """The layers that attend (and so hold K/V): all but a hybrid's recurrent ones."""
+        """The layers that attend and hold K/V: all but a hybrid's recurrent ones (none for an
+        encoder, whose attention reads only its own input)."""
+        if self.encoder is not None:
+            return ()
         recurrent = set(self.recurrent_layers)
         return tuple(i for i in range(self.num_layers) if i not in recurrent)
 
@@ -266,6 +281,8 @@ class ModelConfig:
             self.delta_net.check(self.num_layers, source)
         if self.mamba is not None:
             self.mamba.check(self.num_layers, source)
+        if self.encoder is not None:
+            self.encoder.check(source)
         if not isinstance(self.attn_output_gate, bool):
             raise ConfigError(source, f"attn_output_gate={self.attn_output_gate!r} must be a bool")
 
@@ -283,6 +300,11 @@ class ModelConfig:
         `generate()` stops on), else from `config.json`.
         """
         model_type = config_json.get("model_type")
+        if model_type in ENCODER_MODEL_TYPES:  # BERT, RoBERTa/XLM-R, NomicBERT
+            try:
+                return cls(**encoder_fields(config_json, source))
+            except ConfigError as error:
+                raise ConfigError(source, error.problem) from None
         if model_type == "qwen3_5":  # Qwen3.5 with its vision tower: its language model is read
             config_json = qwen3_5_text_config(config_json, source)
             model_type = config_json.get("model_type")
@@ -293,7 +315,7 @@ class ModelConfig:
                 " text-only checkpoints (model_type 'gemma3_text': 270M, 1B) are",
             )
         if model_type not in HF_MODEL_TYPES:
-            supported = ", ".join(HF_MODEL_TYPES)
+            supported = ", ".join((*HF_MODEL_TYPES, *ENCODER_MODEL_TYPES))
             raise UnsupportedModelError(
                 source, f"model_type {model_type!r} is not supported (supported: {supported})"
             )

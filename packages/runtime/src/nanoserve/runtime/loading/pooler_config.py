@@ -18,6 +18,7 @@ Qwen3-Reranker is, by the logit of "yes" against "no" after the query and the do
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
@@ -120,13 +121,30 @@ def read_gguf_pooler(metadata: dict[str, Any], arch: str) -> PoolerConfig:
     return GENERATE
 
 
-def resolve_task(files: PoolerConfig, asked: str) -> PoolerConfig:
-    """The files' pooler, or what `--task` asks of the model instead."""
+def encoder_pooler(files: PoolerConfig, tensors: Iterable[str]) -> PoolerConfig:
+    """What a BERT-family encoder serves: what its files say, pooled by the first token where
+    they say no method (a cross-encoder's head reads `[CLS]`); a bare encoder embeds by it,
+    normalized, as vLLM serves one; one with a classification head scores."""
+    head = {"classifier.weight", "classifier.out_proj.weight"} & set(tensors)
+    if files.task == "embed":
+        return files
+    if files.task == "rerank" or head:
+        source = files.source if files.task == "rerank" else "its classification head"
+        return PoolerConfig("rerank", PoolingMethod.CLS, False, "classifier", source=source)
+    return PoolerConfig("embed", PoolingMethod.CLS, True, source="a BERT-family encoder")
+
+
+def resolve_task(files: PoolerConfig, asked: str, *, encoder: bool = False) -> PoolerConfig:
+    """The files' pooler, or what `--task` asks of the model instead (an encoder neither
+    generates nor, without a classification head, scores)."""
     if asked not in TASKS:
         raise ConfigError(Path("--task"), f"must be one of {', '.join(TASKS)}, got {asked!r}")
     if asked in ("auto", files.task):
         return files
     source = f"--task {asked}"
+    if encoder and asked != "embed":
+        problem = "generate" if asked == "generate" else "rerank without a classification head"
+        raise ConfigError(Path("--task"), f"{asked}: a BERT-family encoder cannot {problem}")
     if asked == "generate":
         if files.head == "classifier":
             raise ConfigError(

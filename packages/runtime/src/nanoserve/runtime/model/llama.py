@@ -250,7 +250,7 @@ class LlamaModel:
         if isinstance(w, Int8Weight):
             return w.matmul(x, b)
         if self.batch_invariant and x.device.type == "cpu":
-            return _tiled_linear(x, w, b)
+            return tiled_linear(x, w, b)
         return F.linear(x, w, b)
 
     # -- forward --------------------------------------------------------------------------
@@ -367,7 +367,7 @@ class LlamaModel:
         return ops.rms_norm(x[logit_rows], self.norm)
 
 
-def _tiled_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+def tiled_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
     """F.linear on row tiles of exactly one size for x's dtype (the last one zero-padded)."""
     rows, tile = x.shape[0], INVARIANT_ROW_TILE.get(x.dtype, BF16_ROW_TILE)
     pad = -rows % tile

@@ -9,6 +9,8 @@ from Qwen3-Reranker) are scored on too.
 
 from __future__ import annotations
 
+from nanoserve.runtime.text.tokenizer import Tokenizer
+
 DEFAULT_INSTRUCTION = "Given a web search query, retrieve relevant passages that answer the query"
 _PREFIX = (
     "<|im_start|>system\nJudge whether the Document meets the requirements based on the Query"
@@ -22,6 +24,21 @@ def rerank_prompt(query: str, document: str, instruction: str | None = None) -> 
     """The text of one pair's prompt (tokenized without special tokens: it writes its own)."""
     task = instruction or DEFAULT_INSTRUCTION
     return f"{_PREFIX}<Instruct>: {task}\n<Query>: {query}\n<Document>: {document}{_SUFFIX}"
+
+
+def pair_prompt(
+    tokenizer: Tokenizer,
+    query: str,
+    document: str,
+    instruction: str | None = None,
+    *,
+    segments: bool,
+) -> list[int]:
+    """A pair's prompt ids: a cross-encoder's two segments (`segments`, the tokenizer's pair
+    template), else a decoder reranker's prompt text."""
+    if segments:
+        return tokenizer.encode_pair(query, document)
+    return tokenizer.encode(rerank_prompt(query, document, instruction), add_special_tokens=False)
 
 
 def score_pairs(first: list[str], second: list[str]) -> list[tuple[str, str]] | None:

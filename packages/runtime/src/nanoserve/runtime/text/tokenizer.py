@@ -18,6 +18,7 @@ from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers, proc
 
 from nanoserve.runtime.errors import TokenizerError
 from nanoserve.runtime.text.spm_vocab import end_of_turn_ids, spm_backend
+from nanoserve.runtime.text.wpm_vocab import wordpiece_backend
 
 # llama.cpp's token types (`tokenizer.ggml.token_type`).
 TOKEN_TYPE_CONTROL = 3  # special tokens: `<|im_start|>`, `<|endoftext|>`
@@ -81,11 +82,14 @@ class Tokenizer:
         model = metadata.get("tokenizer.ggml.model")
         if model == "llama":
             return cls._from_spm_metadata(metadata, source)
+        if model == "bert":
+            backend = wordpiece_backend(metadata, source)
+            return cls(backend, eos_token_ids=(), bos_token_id=None)
         if model != "gpt2":
             raise TokenizerError(
                 source,
-                f"tokenizer.ggml.model={model!r}: only 'gpt2' (byte-level BPE) and 'llama'"
-                " (SentencePiece) are supported",
+                f"tokenizer.ggml.model={model!r}: only 'gpt2' (byte-level BPE), 'llama'"
+                " (SentencePiece) and 'bert' (WordPiece) are supported",
             )
         tokens: list[str] = list(_required(metadata, "tokenizer.ggml.tokens", source))
         merges: list[str] = list(_required(metadata, "tokenizer.ggml.merges", source))
@@ -177,6 +181,11 @@ class Tokenizer:
         for SmolLM2); chat prompts rendered from a template already contain theirs, so pass False.
         """
         return self._backend.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def encode_pair(self, first: str, second: str) -> list[int]:
+        """Token ids of a text pair as the post-processor joins two segments (BERT's
+        `[CLS] a [SEP] b [SEP]`, RoBERTa's `<s> a </s></s> b </s>`): a cross-encoder's input."""
+        return self._backend.encode(first, second, add_special_tokens=True).ids
 
     def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = False) -> str:
         return self._backend.decode(list(ids), skip_special_tokens=skip_special_tokens)

@@ -39,8 +39,8 @@ from nanoserve.runtime.kernels.cpu_kernels import kernels_available
 from nanoserve.runtime.loading.checkpoint import Checkpoint, load_checkpoint
 from nanoserve.runtime.loading.embedded import embedded_model_path
 from nanoserve.runtime.loading.pooler_config import resolve_task
-from nanoserve.runtime.model.llama import LlamaModel
 from nanoserve.runtime.model.pooler import build_pooler
+from nanoserve.runtime.model.served_model import load_model
 from nanoserve.runtime.model.weight_forms import AUTO, auto_quantize
 from nanoserve.runtime.text.chat_template import ChatTemplate
 
@@ -114,7 +114,7 @@ def _build_engine(
         model_max_len=checkpoint.config.max_position_embeddings,
         auto_quantize=choose_weight_forms(config, checkpoint, say),
     )
-    model = LlamaModel.from_checkpoint(
+    model = load_model(
         checkpoint,
         dtype=resolved.torch_dtype,
         device=resolved.device,
@@ -134,7 +134,7 @@ def _build_engine(
         say(f"loading the draft model {draft_path(spec.model)}")
         draft = load_draft_model(spec.model, resolved, checkpoint.tokenizer)
     pooler = build_pooler(
-        resolve_task(checkpoint.pooler, config.task),
+        resolve_task(checkpoint.pooler, config.task, encoder=checkpoint.config.encoder is not None),
         model.logits,
         checkpoint.head_tensor,
         lambda text: checkpoint.tokenizer.encode(text, add_special_tokens=False),
@@ -172,10 +172,18 @@ def _build_engine(
     if engine.speculator is not None:
         say(f"speculation by {engine.speculator.proposer.describe()}")
         say(spec_line(engine.speculator.cost, resolved.max_batch))
-    say(
-        f"planned K/V pool: {engine.pool_plan.num_blocks} blocks of {resolved.block_size}"
-        f" ({engine.pool_plan.total_bytes / 2**20:.0f} MiB) for {resolved.max_model_len}-token contexts"
-    )
+    if not engine.pool_plan.num_layers:
+        say(
+            f"no K/V kept (an encoder): {resolved.max_batch} inputs of up to"
+            f" {min(resolved.max_model_len, resolved.max_num_batched_tokens)} tokens in flight,"
+            f" each whole in one step of at most {resolved.max_num_batched_tokens} tokens"
+        )
+    else:
+        say(
+            f"planned K/V pool: {engine.pool_plan.num_blocks} blocks of {resolved.block_size}"
+            f" ({engine.pool_plan.total_bytes / 2**20:.0f} MiB) for"
+            f" {resolved.max_model_len}-token contexts"
+        )
     if (state := engine.state_plan).tensors:
         running = state.num_slots - state.checkpoint_slots
         say(
@@ -192,7 +200,7 @@ def _build_engine(
             )
         elif resolved.enable_prefix_cache:
             say("prefix cache: off for this model (no state checkpoints: a hit must restore one)")
-    if resolved.decode_mode.recorded and resolved.warm:
+    if engine.config.decode_mode.recorded and engine.config.warm:
         check_cancelled(cancel, "before the warm-up")
         warm_engine(engine, say, cancel)
     check_cancelled(cancel, "before the first forward")

@@ -2,7 +2,9 @@
 slot per running sequence, the checkpoints its prefix cache keeps, and the sink), then K/V
 blocks for the attention layers in what is left.
 
-A model without recurrent layers plans no state and all of the budget goes to K/V. A hybrid's
+A model without recurrent layers plans no state and all of the budget goes to K/V. An encoder
+keeps neither: its pool is a ledger of the positions in flight (blocks with no
+bytes), enough for `max_batch` inputs of `max_model_len`. A hybrid's
 prefix cache needs checkpoints (core/state_checkpoints.py): with none (`--state-checkpoints 0`,
 or a budget too small for one), its prefix cache is off.
 """
@@ -52,6 +54,10 @@ def plan_memory(cfg: ModelConfig, config: ResolvedConfig, kv_dtype: torch.dtype)
             f" {state.total_bytes} ({checkpoints} of them checkpoints); raise --kv-budget or"
             " lower --max-batch or --state-checkpoints"
         )
+    if not cfg.attention_layers:  # an encoder keeps no K/V: its blocks count positions only
+        blocks = config.max_batch * -(-config.max_model_len // config.block_size)
+        kv = KVPoolPlan(0, cfg.num_kv_heads, cfg.head_dim, kv_dtype, config.block_size, blocks)
+        return MemoryPlan(state, kv, None, False)
     kv = plan_kv_pool(
         num_layers=len(cfg.attention_layers),
         num_kv_heads=cfg.num_kv_heads,

@@ -193,6 +193,9 @@ class AsyncEngine:
     def default_max_tokens(self, prompt_len: int) -> int:
         return self.engine.default_max_tokens(prompt_len)
 
+    def score_prompt(self, query: str, document: str, instruction: str | None = None) -> list[int]:
+        return self.engine.score_prompt(query, document, instruction)
+
     @property
     def template_reads_tools(self) -> bool:
         return self.engine.template_reads_tools

@@ -12,7 +12,7 @@ from nanoserve.runtime.engine.config.engine_config import EngineConfig
 from nanoserve.runtime.engine.engine import Engine, RequestError
 from nanoserve.runtime.engine.requests.pooling_params import PoolingParams
 from nanoserve.runtime.engine.requests.sampling_params import SamplingParams
-from nanoserve.runtime.text.rerank_prompt import rerank_prompt, score_pairs
+from nanoserve.runtime.text.rerank_prompt import score_pairs
 from nanoserve.runtime.text.tokenizer import Tokenizer
 
 Prompt = str | Sequence[int]
@@ -138,8 +138,7 @@ class LLM:
             raise RequestError(
                 "text_2", f"{len(first)} first texts cannot be paired with {len(second)} second"
             )
-        encode = self.engine.tokenizer.encode
-        ids = [encode(rerank_prompt(q, d), add_special_tokens=False) for q, d in pairs]
+        ids = [self.engine.score_prompt(q, d) for q, d in pairs]
         return self._pool(ids, PoolingParams("score"))
 
     def _pool(self, ids: list[list[int]], params: PoolingParams) -> list[PoolingOutput]:

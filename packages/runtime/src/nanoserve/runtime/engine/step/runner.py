@@ -40,6 +40,7 @@ from nanoserve.runtime.engine.step.scheduler import SchedulerOutput
 from nanoserve.runtime.model.kv_pool import CacheRows, KVPool
 from nanoserve.runtime.model.llama import LlamaModel
 from nanoserve.runtime.model.memory import free_bytes
+from nanoserve.runtime.model.served_model import ServedModel
 
 
 class Executed(NamedTuple):
@@ -53,7 +54,7 @@ class Executed(NamedTuple):
 class ModelRunner:
     def __init__(
         self,
-        model: LlamaModel,
+        model: ServedModel,
         pool: KVPool,
         config: ResolvedConfig,
         backend: Backend | None = None,
@@ -81,6 +82,7 @@ class ModelRunner:
             )
         if mode.recorded:
             assert self.inputs is not None
+            assert isinstance(model, LlamaModel), "only a decoder records decode steps"
             self.recordings = DecodeRecordings(
                 _decode_step(model),
                 self.inputs.table,
@@ -185,7 +187,12 @@ class ModelRunner:
             return Executed(torch.empty(0, vocab, device=self.pool.device), {})
         index = torch.tensor(rows, dtype=torch.int64, device=self.pool.device)
         hidden = self.model.hidden(plan, cache, logit_rows=index)  # [rows, hidden]
-        logits = self.model.logits(hidden[:sampling])
+        vocab = self.model.config.vocab_size
+        logits = (  # an encoder's steps sample nothing (and it has no LM head)
+            self.model.logits(hidden[:sampling])
+            if sampling
+            else torch.empty(0, vocab, device=self.pool.device)
+        )
         return Executed(logits, {seq_id: hidden[a:b] for seq_id, (a, b) in spans.items()})
 
     def plan_decode_step(self, out: SchedulerOutput) -> DecodePlan:

@@ -113,8 +113,11 @@ class Scheduler:
         prefill_budget: PrefillBudget | None = None,
         drafter: Drafter | None = None,
         state_slots: StateSlots | None = None,
+        whole_prompts: bool = False,
     ) -> None:
         self.blocks = blocks
+        # An encoder's prompt is one chunk: its attention reads every position, not a cache
+        self.whole_prompts = whole_prompts
         # One per running sequence: taken at admission, given back at preemption or the end.
         self.state_slots = state_slots or StateSlots(max_batch)
         if self.state_slots.num_slots < max_batch:
@@ -236,6 +239,8 @@ class Scheduler:
             seq = self.waiting[0]
             if seq.after is not None and not self._sibling_cached(seq.after):
                 break
+            if self.whole_prompts and seq.uncomputed > budget:
+                break  # the next step with room for all of it
             tokens = seq.token_ids()
             # A pooling request reads its prompt's hidden states: it recomputes every token
             cached = self.blocks.match_prefix(tokens) if seq.pooling is None else []
