@@ -241,14 +241,21 @@ def start_llama_server(
 
 
 def reserved_mib(
-    peer: Peer, gguf: Path, threads: int, *, cache_mode: str, context: int, parallel: int = 32
+    peer: Peer,
+    gguf: Path,
+    threads: int,
+    *,
+    cache_mode: str,
+    context: int,
+    parallel: int = 32,
+    extra: tuple[str, ...] = (),
 ) -> dict[str, float]:
     """What llama-server allocates at start in this configuration, by buffer ("KV", "compute",
     "RS"), in MiB, from its own log lines. Those lines are below its default verbosity, so a
     separate boot with `-lv 4` reads them (the measured servers keep the default verbosity)."""
     server = start_llama_server(
         peer, gguf, threads, cache_mode=cache_mode, context=context, parallel=parallel,
-        extra=("-lv", "4"),
+        extra=("-lv", "4", *extra),
     )  # fmt: skip
     server.stop()
     sums: dict[str, float] = {}

@@ -177,6 +177,7 @@ def write_tiny_encoder_gguf(model_dir: Path, out: Path, *, pooling_type: int = 1
     if nomic:
         writer.add_rope_freq_base(config["rope_parameters"]["rope_theta"])
     writer.add_tokenizer_model("bert")
+    writer.add_token_type_count(config.get("type_vocab_size", 2))
 
     def phantom(token: str) -> str:
         if token.startswith("[") and token.endswith("]"):

@@ -94,7 +94,12 @@ class Checkpoint:
         return frozenset(
             source.tensor_type(name).name
             for name in source.tensors
-            if ".layers." in name and name.endswith("_proj.weight")
+            if (".layers." in name and name.endswith("_proj.weight"))
+            or (
+                name.startswith("encoder.layer.")
+                and name.endswith(".weight")
+                and "Norm" not in name
+            )
         )
 
     def head_tensor(self, name: str) -> torch.Tensor | None:

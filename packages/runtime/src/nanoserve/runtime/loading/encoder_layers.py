@@ -132,14 +132,19 @@ def encoder_fields(config_json: Mapping[str, Any], source: str) -> dict[str, Any
 
 
 def gguf_encoder_fields(
-    key: Callable[..., Any], gguf_names: frozenset[str], vocab_size: int, nomic: bool
+    key: Callable[..., Any],
+    gguf_names: frozenset[str],
+    vocab_size: int,
+    *,
+    nomic: bool,
+    type_count: int | None,
 ) -> dict[str, Any]:
     """The ModelConfig fields of a `bert` or `nomic-bert` GGUF (`key(name, default)` reads
-    `{arch}.name`): llama.cpp's converter trims RoBERTa's position table to start at 0, stores
+    `{arch}.name`; `type_count` is the tokenizer's token-type count): llama.cpp's converter trims RoBERTa's position table to start at 0, stores
     NomicBERT's q, k and v as one `attn_qkv`, and its MLP as SwiGLU."""
     hidden = int(key("embedding_length"))
     heads = int(key("attention.head_count"))
-    types = int(key("token_type_count", 2 if "token_types.weight" in gguf_names else 0))
+    types = int(type_count or 2)  # `tokenizer.ggml.token_type_count`
     encoder = EncoderLayers(
         act="silu" if nomic else "gelu",
         layer_norm_eps=float(key("attention.layer_norm_epsilon", 1e-12)),

@@ -54,7 +54,9 @@ def gguf_config(
 
     if arch in ("bert", "nomic_bert"):  # an encoder: encoder_layers.py reads its keys
         vocab = len(metadata["tokenizer.ggml.tokens"])
-        fields = gguf_encoder_fields(key, gguf_names, vocab, nomic=arch == "nomic_bert")
+        types = metadata.get("tokenizer.ggml.token_type_count")
+        nomic = arch == "nomic_bert"
+        fields = gguf_encoder_fields(key, gguf_names, vocab, nomic=nomic, type_count=types)
         try:
             return ModelConfig(**fields)
         except ConfigError as error:
