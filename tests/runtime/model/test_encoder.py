@@ -16,6 +16,7 @@ from nanoserve.runtime.engine.engine import RequestError
 from nanoserve.runtime.engine.step.runner import Executed
 from nanoserve.runtime.engine.step.scheduler import SchedulerOutput
 from nanoserve.runtime.errors import ConfigError
+from nanoserve.runtime.loading.checkpoint import load_checkpoint
 from nanoserve.runtime.model.encoder import EncoderModel
 from tests import tiny_encoders
 
@@ -77,6 +78,7 @@ def test_a_gguf_embeds_as_its_folder(
         folder, models / f"{kind}-{pooling}.gguf", pooling_type=pooling_type
     )
     reference = tiny_encoders.reference_embeddings(folder, TEXTS, pooling)
+    assert load_checkpoint(gguf).linear_types() == {"F32"}  # what --quantize auto reads
     exact = _embed(gguf, TEXTS)  # F32 tensors, served as floats
     assert torch.nn.functional.cosine_similarity(exact, reference).min().item() >= 0.9999
     q8 = _embed(gguf, TEXTS, quantize="q8")  # the linears on nanoserve's kernels
