@@ -20,13 +20,13 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from benchmarks.shape_gguf import byte_vocabulary, random_blocks
+from benchmarks.shape_gguf import Tensors, byte_vocabulary, write_random_tensors
 
 BERT_SPECIALS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
-Tensors = dict[str, tuple[tuple[int, ...], str]]  # GGUF name -> (torch-order shape, type)
 
 
 def bge_base_tensors() -> Tensors:
@@ -132,22 +132,8 @@ def write_qwen3_embedding(out: Path, seed: int = 0) -> Path:
     return _finish(writer, qwen3_embedding_tensors(), seed, out)
 
 
-def _finish(writer: object, tensors: Tensors, seed: int, out: Path) -> Path:
-    import gguf
-
-    assert isinstance(writer, gguf.GGUFWriter)
-    rng = np.random.default_rng(seed)
-    for i, (name, (size, kind)) in enumerate(tensors.items()):
-        if kind == "F32":
-            writer.add_tensor(name, _values(name, size, rng))
-        else:
-            rows, cols = size
-            blocks = random_blocks(kind, rows, cols, seed=seed + i, scale=0.0003)
-            writer.add_tensor(name, blocks, raw_dtype=gguf.GGMLQuantizationType[kind])
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+def _finish(writer: Any, tensors: Tensors, seed: int, out: Path) -> Path:
+    write_random_tensors(writer, tensors, _values, seed, scale=0.0003)
     return out
 
 

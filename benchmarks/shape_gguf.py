@@ -27,6 +27,7 @@ import argparse
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -250,20 +251,35 @@ def write(shape: Shape, out: Path, seed: int = 0) -> Path:
     writer.add_token_merges(merges)
     writer.add_eos_token_id(tokens.index("<|endoftext|>"))
     writer.add_add_bos_token(False)
+    write_random_tensors(writer, tensors_of(shape), float_values, seed, scale=0.002)
+    partial.rename(out)
+    return out
+
+
+def write_random_tensors(
+    writer: Any,
+    tensors: Tensors,
+    floats: Callable[[str, tuple[int, ...], np.random.Generator], np.ndarray],
+    seed: int,
+    scale: float,
+) -> None:
+    """Every tensor into `writer` (a gguf.GGUFWriter, header and metadata set), then the file
+    written and closed: F32 ones from `floats`, quantized ones as random valid blocks whose
+    fp16 scales are N(0, scale²)."""
+    import gguf
+
     rng = np.random.default_rng(seed)
-    for i, (name, (size, kind)) in enumerate(tensors_of(shape).items()):
+    for i, (name, (size, kind)) in enumerate(tensors.items()):
         if kind == "F32":
-            writer.add_tensor(name, float_values(name, size, rng))
+            writer.add_tensor(name, floats(name, size, rng))
         else:
             rows, cols = size
-            blocks = random_blocks(kind, rows, cols, seed=seed + i, scale=0.002)
+            blocks = random_blocks(kind, rows, cols, seed=seed + i, scale=scale)
             writer.add_tensor(name, blocks, raw_dtype=gguf.GGMLQuantizationType[kind])
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    partial.rename(out)
-    return out
 
 
 def maker(name: str, folder: Path) -> Callable[[], Path]:

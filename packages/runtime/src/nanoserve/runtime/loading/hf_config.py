@@ -7,9 +7,25 @@ from __future__ import annotations
 from typing import Any
 
 from nanoserve.runtime.loading.config_fields import HF_ACTIVATIONS
-from nanoserve.runtime.loading.model_config import HF_CLASS_NAMES, ModelConfig
+from nanoserve.runtime.loading.model_config import Architecture, ModelConfig
 from nanoserve.runtime.loading.recurrent_layers import granite_to_hf, lfm2_to_hf, qwen3_5_to_hf
 from nanoserve.runtime.loading.rope import rope_to_hf
+
+# The class each architecture is saved as (what `architectures` names in config.json)
+HF_CLASS_NAMES: dict[Architecture, str] = {
+    "llama": "LlamaForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+    "mistral": "MistralForCausalLM",
+    "gemma3": "Gemma3ForCausalLM",
+    "smollm3": "SmolLM3ForCausalLM",
+    "phi3": "Phi3ForCausalLM",
+    "lfm2": "Lfm2ForCausalLM",
+    "qwen3_5": "Qwen3_5ForCausalLM",
+    "granitemoehybrid": "GraniteMoeHybridForCausalLM",
+    "bert": "BertModel",
+    "nomic_bert": "NomicBertModel",
+}
 
 
 def config_to_hf(config: ModelConfig) -> dict[str, Any]:

@@ -75,20 +75,6 @@ ARCHITECTURES: tuple[Architecture, ...] = (
     "bert",
     "nomic_bert",
 )
-HF_CLASS_NAMES: dict[Architecture, str] = {
-    "llama": "LlamaForCausalLM",
-    "qwen2": "Qwen2ForCausalLM",
-    "qwen3": "Qwen3ForCausalLM",
-    "mistral": "MistralForCausalLM",
-    "gemma3": "Gemma3ForCausalLM",
-    "smollm3": "SmolLM3ForCausalLM",
-    "phi3": "Phi3ForCausalLM",
-    "lfm2": "Lfm2ForCausalLM",
-    "qwen3_5": "Qwen3_5ForCausalLM",
-    "granitemoehybrid": "GraniteMoeHybridForCausalLM",
-    "bert": "BertModel",
-    "nomic_bert": "NomicBertModel",
-}
 # config.json's model_type of each (Gemma 3's text-only checkpoints are "gemma3_text"; Qwen3.5's
 # text model is "qwen3_5_text", and "qwen3_5" its multimodal form, whose text_config is read)
 HF_MODEL_TYPES: dict[str, Architecture] = {

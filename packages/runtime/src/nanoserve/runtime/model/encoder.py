@@ -25,14 +25,13 @@ import torch.nn.functional as F
 
 from nanoserve.core import DecodePlan, PrefillPlan, StepFootprint
 from nanoserve.runtime.errors import QuantizationError
-from nanoserve.runtime.kernels.cpu_kernels import load_cpu_kernels
 from nanoserve.runtime.loading.checkpoint import Checkpoint
 from nanoserve.runtime.loading.encoder_layers import EncoderLayers
 from nanoserve.runtime.loading.model_config import ModelConfig
 from nanoserve.runtime.model.device import resolve_device
 from nanoserve.runtime.model.int8_weight import Int8Weight
 from nanoserve.runtime.model.kv_pool import CacheRows
-from nanoserve.runtime.model.llama import check_kernel_geometry, linear_kernels, tiled_linear
+from nanoserve.runtime.model.llama import linear_kernels, tiled_linear
 from nanoserve.runtime.model.quant_weight import QuantLinear, QuantWeight
 from nanoserve.runtime.model.rotary import rotary_table
 from nanoserve.runtime.model.weight_forms import (
@@ -45,6 +44,7 @@ from nanoserve.runtime.model.weight_forms import (
     describe_types,
     kept_blocks,
     make_linear,
+    prepare_kernels,
 )
 
 Norm = tuple[torch.Tensor, torch.Tensor]  # a LayerNorm's weight and bias, float32
@@ -86,11 +86,7 @@ class EncoderModel:
         self.weights_path, self.quantize, self.dtype = weights_path, quantize, dtype
         self.device = resolve_device(device)
         kernel_ops = quantize in KERNEL_FORMS
-        if kernel_ops:
-            if self.device.type != "cpu":
-                raise QuantizationError(f"quantize {quantize} runs on the CPU, not {self.device}")
-            check_kernel_geometry(config)
-            load_cpu_kernels()
+        prepare_kernels(config, quantize, self.device)
         self.batch_invariant = batch_invariant
         self.kv_dtype = dtype  # no K/V is kept; the pool plan's element type only
         self.accum_dtype = dtype
@@ -104,7 +100,6 @@ class EncoderModel:
             if self.encoder.learned_positions
             else rotary_table(config, positions, self.device)  # [positions, head_dim] each
         )
-        self.tied = True
         self.weight_types = describe_types(self.quant_weights()) if kernel_ops else None
         self.weight_fallbacks = describe_fallbacks(self.quant_weights())
 

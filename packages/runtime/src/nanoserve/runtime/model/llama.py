@@ -29,7 +29,6 @@ import torch
 import torch.nn.functional as F
 
 from nanoserve.core import DecodePlan, PrefillPlan, StepFootprint, last_tokens
-from nanoserve.runtime.errors import QuantizationError
 from nanoserve.runtime.kernels.cpu_kernels import load_cpu_kernels
 from nanoserve.runtime.loading.checkpoint import (
     Checkpoint,
@@ -57,6 +56,7 @@ from nanoserve.runtime.model.weight_forms import (
     describe_fallbacks,
     describe_types,
     kept_blocks,
+    prepare_kernels,
 )
 
 # MKL's fp32 GEMM picks its kernel by the number of rows, and which counts share a kernel
@@ -122,11 +122,7 @@ class LlamaModel:
         self.quantize = quantize
         self.dtype = dtype
         self.device = resolve_device(device)
-        if quantize in KERNEL_FORMS:
-            if self.device.type != "cpu":
-                raise QuantizationError(f"quantize {quantize} runs on the CPU, not {self.device}")
-            check_kernel_geometry(config)
-            load_cpu_kernels()
+        prepare_kernels(config, quantize, self.device)
         self.batch_invariant = batch_invariant
         self.accum_dtype = attention_dtype(dtype, batch_invariant, self.device)
         kernel_ops = quantize in KERNEL_FORMS
@@ -376,22 +372,6 @@ def tiled_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> to
     if rows + pad == tile:
         return F.linear(x, w, b)[:rows]
     return torch.cat([F.linear(part, w, b) for part in x.split(tile)])[:rows]
-
-
-def check_kernel_geometry(config: ModelConfig) -> None:
-    """The shapes nanoserve's CPU kernels take: 16-lane vectors along every row they read."""
-    problems = [
-        f"{name} {value} is not a multiple of {multiple}"
-        for name, value, multiple in (
-            ("hidden_size", config.hidden_size, 32),
-            ("intermediate_size", config.intermediate_size, 32),
-            ("head_dim", config.head_dim, 16),
-            ("q_size", config.q_size, 32),
-        )
-        if value % multiple
-    ]
-    if problems:
-        raise QuantizationError(f"the CPU kernels cannot run this model: {'; '.join(problems)}")
 
 
 def linear_kernels(quantize: str | None, dtype: torch.dtype, device: torch.device) -> str:

@@ -29,9 +29,11 @@ from typing import TypeAlias
 
 import torch
 
-from nanoserve.runtime.errors import UnknownQuantizationError
+from nanoserve.runtime.errors import QuantizationError, UnknownQuantizationError
+from nanoserve.runtime.kernels.cpu_kernels import load_cpu_kernels
 from nanoserve.runtime.loading.gguf_blocks import GgufBlocks
 from nanoserve.runtime.loading.gguf_types import DEQUANTIZED_HERE, KERNEL_TYPES
+from nanoserve.runtime.loading.model_config import ModelConfig
 from nanoserve.runtime.model.int8_weight import Int8Weight
 from nanoserve.runtime.model.quant_weight import (
     QuantLinear,
@@ -145,3 +147,30 @@ def describe_fallbacks(weights: Sequence[QuantWeight]) -> str | None:
     if not moved:
         return None
     return ", ".join(f"{s}×{n} as {k} (re-quantized)" for (s, k), n in sorted(moved.items()))
+
+
+def prepare_kernels(config: ModelConfig, quantize: str | None, device: torch.device) -> None:
+    """For a weight form only nanoserve's CPU kernels read: the device is a CPU, the shapes fit
+    the kernels, and the kernels are built (a decoder's and an encoder's one check)."""
+    if quantize not in KERNEL_FORMS:
+        return
+    if device.type != "cpu":
+        raise QuantizationError(f"quantize {quantize} runs on the CPU, not {device}")
+    check_kernel_geometry(config)
+    load_cpu_kernels()
+
+
+def check_kernel_geometry(config: ModelConfig) -> None:
+    """The shapes nanoserve's CPU kernels take: 16-lane vectors along every row they read."""
+    problems = [
+        f"{name} {value} is not a multiple of {multiple}"
+        for name, value, multiple in (
+            ("hidden_size", config.hidden_size, 32),
+            ("intermediate_size", config.intermediate_size, 32),
+            ("head_dim", config.head_dim, 16),
+            ("q_size", config.q_size, 32),
+        )
+        if value % multiple
+    ]
+    if problems:
+        raise QuantizationError(f"the CPU kernels cannot run this model: {'; '.join(problems)}")
