@@ -271,6 +271,8 @@ def write_tiny_gguf(
     arch: str | None = None,
     pre: str = "smollm",
     mtp_blocks: int = 0,
+    pooling_type: int | None = None,
+    uint32_keys: Mapping[str, int] | None = None,
 ) -> Path:
     """Convert a tiny HF checkpoint to GGUF as llama.cpp would; matrices stored as `qtype`
     (None: F32).
@@ -279,6 +281,8 @@ def write_tiny_gguf(
     files llama.cpp could write but nanoserve must refuse. `arch` overrides the written architecture.
     `mtp_blocks` appends that many multi-token-prediction blocks (Qwen3.5's converter's: the last
     attention layer's tensors again, counted in block_count and nextn_predict_layers).
+    `pooling_type` writes `{arch}.pooling_type` (llama.cpp's: 1 mean, 2 CLS, 3 last, 4 rank);
+    `uint32_keys` more keys, `{arch}.` prefixed.
     """
     import gguf  # only GGUF-writing tests need it; the GPU machine's runtime tests do not
     from safetensors.torch import load_file
@@ -296,6 +300,11 @@ def write_tiny_gguf(
     heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
     head_dim = config.get("head_dim") or config["hidden_size"] // heads
     writer = gguf.GGUFWriter(str(out), arch_name)
+    gemma = arch_name in ("gemma3", "gemma-embedding")
+    if pooling_type is not None:
+        writer.add_pooling_type(gguf.PoolingType(pooling_type))
+    for key, number in (uint32_keys or {}).items():
+        writer.add_uint32(f"{arch_name}.{key}", number)
     writer.add_block_count(config["num_hidden_layers"] + mtp_blocks)
     if mtp_blocks:
         writer.add_nextn_predict_layers(mtp_blocks)
@@ -348,7 +357,7 @@ def write_tiny_gguf(
     writer.add_rope_dimension_count(int(head_dim * rope.get("partial_rotary_factor", 1.0)))
     writer.add_key_length(head_dim)
     writer.add_value_length(head_dim)
-    if arch_name in ("gemma3", "phi3") and config.get("sliding_window"):
+    if (gemma or arch_name == "phi3") and config.get("sliding_window"):
         writer.add_sliding_window(config["sliding_window"])
     writer.add_vocab_size(config["vocab_size"])
     # The tokenizer, as llama.cpp stores a byte-level BPE.
@@ -398,7 +407,7 @@ def write_tiny_gguf(
             values = llamacpp_permute(values, heads)
         elif arch_name in ("llama", "smollm3") and ".k_proj." in name:
             values = llamacpp_permute(values, kv_heads)
-        elif arch_name == "gemma3" and name.endswith("norm.weight"):
+        elif gemma and name.endswith("norm.weight"):
             values = values + 1.0  # llama.cpp's Gemma converter stores 1 + w
         elif lfm2 and "conv.conv" in name:
             values = values.squeeze(1)  # llama.cpp's LFM2 converter: the taps as a matrix
@@ -526,7 +535,7 @@ def _gguf_name(hf_name: str, arch: str = "llama") -> str:
         return "output.weight"
     _, _, layer, rest = hf_name.split(".", 3)
     part, kind = rest.rsplit(".", 1)
-    names = _TO_GGUF_GEMMA3 if arch == "gemma3" else _TO_GGUF
+    names = _TO_GGUF_GEMMA3 if arch in ("gemma3", "gemma-embedding") else _TO_GGUF
     return f"blk.{layer}.{names[part]}.{kind}"
 
 

@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from nanoserve.runtime import LLM
-from tests import tiny_encoders
+from tests import tiny_encoders, tiny_gemma_embedder
 
 ARGS = ("--max-batch", "4", "--max-num-batched-tokens", "64", "--grace-seconds", "2")
 
@@ -48,7 +48,7 @@ def test_embeddings_through_the_openai_client(embedder: Any, folders: dict[str, 
     offline = LLM(str(folders["embed"])).embed(["hello world", "the cat sat"])
     assert [d.embedding for d in answer.data] == [o.embedding for o in offline]
     assert "serving embed: mean pooling, normalized (modules.json)" in embedder.log()
-    assert "no K/V kept (an encoder)" in embedder.log()
+    assert "no K/V kept (whole inputs, both ways)" in embedder.log()
 
 
 def test_rerank_and_score_in_plain_json(reranker: Any, folders: dict[str, Path]) -> None:
@@ -75,3 +75,29 @@ def test_generation_on_an_encoder_is_a_400(
     body = {"prompt": "hello", "max_tokens": 2}
     response = httpx.post(f"{reranker.url}/v1/completions", json=body, timeout=30)
     assert "serves rerank, it does not generate" in assert_openai_error(response, 400)["message"]
+
+
+def test_an_embeddinggemma_gguf_through_the_openai_client(
+    start_server: Callable[..., Any],
+    tmp_path_factory: pytest.TempPathFactory,
+    assert_openai_error: Callable[..., Any],
+) -> None:
+    tmp = tmp_path_factory.mktemp("embeddinggemma")
+    folder = tiny_gemma_embedder.make_tiny_embedding_gemma_dir(tmp)
+    path = tiny_gemma_embedder.write_tiny_embedding_gemma_gguf(folder, tmp / "eg.gguf")
+    live = start_server(str(path), *ARGS)
+    try:
+        import openai
+
+        texts = ["hello world", "the quick brown fox jumps over the lazy dog"]
+        name = httpx.get(f"{live.url}/health", timeout=10).json()["model"]
+        with openai.OpenAI(base_url=f"{live.url}/v1", api_key="unused", max_retries=0) as client:
+            answer = client.embeddings.create(model=name, input=texts)
+        offline = LLM(str(path)).embed(texts)
+        assert [d.embedding for d in answer.data] == [o.embedding for o in offline]
+        chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+        response = httpx.post(f"{live.url}/v1/chat/completions", json=chat, timeout=30)
+        assert "serves embed, it does not generate" in assert_openai_error(response, 400)["message"]
+        assert "2 dense, normalized (GGUF gemma-embedding.pooling_type 1)" in live.log()
+    finally:
+        assert live.stop() == 0, live.log()

@@ -134,7 +134,7 @@ def test_refusals(models: Path) -> None:
     with pytest.raises(RequestError) as long:
         llm.engine.check_request(list(range(5, 25)), PoolingParams("embed"))
     assert "16" in str(long.value)
-    with pytest.raises(ConfigError, match="a BERT-family encoder cannot generate"):
+    with pytest.raises(ConfigError, match="a model with bidirectional attention cannot generate"):
         LLM(str(folder), task="generate")
     with pytest.raises(ConfigError, match="cannot rerank without a classification head"):
         LLM(str(folder), task="rerank")

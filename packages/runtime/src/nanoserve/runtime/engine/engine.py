@@ -75,7 +75,7 @@ class Engine:
         """boot_started: perf_counter() when the boot began, for `mark_ready`'s seconds; draft:
         speculative method draft_model's draft (its tokenizer the target's: build.py checks);
         pooler: what the model serves (None: generation)."""
-        if model.config.encoder is not None:  # whole inputs: nothing to record, time or draft
+        if model.config.whole_inputs:  # nothing to record, time or draft
             config = without_decoding(config, pooler.task if pooler else "generate")
         self.model = model
         self.tokenizer = tokenizer
@@ -171,7 +171,7 @@ class Engine:
     def check_request(self, prompt_ids: Seq[int], params: SamplingParams | PoolingParams) -> None:
         if isinstance(params, PoolingParams):
             limit = min(self.config.max_model_len, self.pool_plan.num_slots)
-            if self.scheduler.whole_prompts:  # an encoder's input is one step's chunk
+            if self.scheduler.whole_prompts:  # an input is one step's chunk
                 limit = min(limit, self.config.max_num_batched_tokens)
             check_pooling(prompt_ids, params, self.pooler, self.model.config, limit)
             return

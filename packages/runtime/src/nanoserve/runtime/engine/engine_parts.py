@@ -74,7 +74,7 @@ def build_parts(
         if rule is not None
         else None,
     )
-    # An encoder neither decodes nor drafts: its steps are whole inputs under the token budget
+    # A model that reads whole inputs neither decodes nor drafts: its steps are whole inputs under the token budget
     decoder = model if isinstance(model, LlamaModel) else None
     timings = step_timings(decoder, config) if decoder else None  # "auto": timed or remembered
     budget = resolve_prefill_budget(config, timings)
@@ -87,7 +87,7 @@ def build_parts(
         prefill_budget=budget,
         drafter=speculator.drafts if speculator is not None else None,
         state_slots=state_slots,
-        whole_prompts=model.config.encoder is not None,
+        whole_prompts=model.config.whole_inputs,
     )
     runner = ModelRunner(model, pool, config, backend)
     return EngineParts(memory, pool, blocks, timings, budget, speculator, scheduler, runner)

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Literal, Protocol
 
 import torch
 
+from nanoserve.core.pooling import PoolingMethod
 from nanoserve.runtime.errors import WeightsError
 from nanoserve.runtime.loading.encoder_names import HEAD_NAMES, encoder_tensor_shapes
 from nanoserve.runtime.loading.gguf_blocks import GgufBlocks
@@ -24,6 +25,8 @@ from nanoserve.runtime.loading.hf_dir import HfDir
 from nanoserve.runtime.loading.model_config import ModelConfig
 from nanoserve.runtime.loading.pooler_config import (
     GENERATE,
+    GGUF_DENSE,
+    DenseLayer,
     PoolerConfig,
     encoder_pooler,
     read_gguf_pooler,
@@ -149,6 +152,10 @@ def load_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
     shapes = source.tensor_shapes()
     if config.encoder is not None:  # an encoder embeds or scores, by its first token unless told
         pooler = encoder_pooler(pooler, shapes)
+    elif config.bidirectional and pooler.task == "generate":  # EmbeddingGemma's own pooling
+        pooler = PoolerConfig("embed", PoolingMethod.MEAN, True, source="bidirectional attention")
+    if not isinstance(source, HfDir) and pooler.task == "embed":  # its Dense modules, if stored
+        pooler = dataclasses.replace(pooler, dense=_gguf_dense(source))
     if pooler.task != "generate" and not config.tie_word_embeddings and LM_HEAD not in shapes:
         # An embedder saved without its LM head: the embedding table stands in (never served)
         config = dataclasses.replace(config, tie_word_embeddings=True)
@@ -161,6 +168,16 @@ def load_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
         chat_template=source.chat_template,
         source=source,
         pooler=pooler,
+    )
+
+
+def _gguf_dense(source: GgufFile) -> tuple[DenseLayer, ...]:
+    """A GGUF embedder's Dense projections after pooling (EmbeddingGemma's), in order."""
+    names = [name for name in GGUF_DENSE if name in source.tensors]
+    return tuple(
+        DenseLayer(tensor.float(), None, "identity")
+        for _, tensor in source.iter_tensors(names)
+        if isinstance(tensor, torch.Tensor)
     )
 
 
@@ -194,7 +211,7 @@ def expected_tensor_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
             shapes[f"{attn}.q_proj.weight"] = (q_rows, hidden)
             shapes[f"{attn}.k_proj.weight"] = (config.kv_size, hidden)
             shapes[f"{attn}.v_proj.weight"] = (config.kv_size, hidden)
-        attends = i in config.attention_layers
+        attends = i not in config.recurrent_layers
         if config.attention_bias and attends:
             shapes[f"{attn}.q_proj.bias"] = (config.q_size,)
             shapes[f"{attn}.k_proj.bias"] = (config.kv_size,)
@@ -306,6 +323,7 @@ def check_tensor_shapes(
         allowed |= set(CLASSIFIER)
     if config.encoder is not None:  # a cross-encoder's head, or a base model's unused pooler
         allowed |= set(HEAD_NAMES)
+    allowed |= set(GGUF_DENSE)  # read by the pooler
     unexpected = sorted(
         name
         for name in actual

@@ -53,8 +53,10 @@ def check_unbuilt_fields(arch: str, config_json: Mapping[str, Any], source: str)
     for name in ("final_logit_softcapping", "attn_logit_softcapping"):
         if config_json.get(name) is not None:
             raise UnsupportedModelError(source, f"{name}={config_json[name]!r} is not supported")
-    if config_json.get("use_bidirectional_attention"):
-        raise UnsupportedModelError(source, "use_bidirectional_attention=True is not supported")
+    if config_json.get("use_bidirectional_attention") and arch != "gemma3":
+        raise UnsupportedModelError(
+            source, "use_bidirectional_attention=True is supported for Gemma 3 (EmbeddingGemma)"
+        )
     experts = config_json.get("num_local_experts", 8)
     if arch == "granitemoehybrid" and experts:
         raise UnsupportedModelError(

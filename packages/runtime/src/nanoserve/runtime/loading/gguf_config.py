@@ -91,6 +91,9 @@ def gguf_config(
     if window is not None and (not window or window >= int(key("context_length"))):
         window = None  # a window no narrower than the context is none
     gemma = arch == "gemma3"
+    bidirectional = stored_arch == "gemma-embedding"  # llama.cpp's symmetric window: the same
+    if bidirectional and window is not None:  # |i - j| <= window // 2 as transformers' halving
+        window = int(window) // 2 + 1
     try:
         return ModelConfig(
             architecture=arch,
@@ -144,6 +147,7 @@ def gguf_config(
             residual_multiplier=float(key("residual_scale", 1.0)) if granite else 1.0,
             logits_scaling=float(key("logit_scale", 1.0)) if granite else 1.0,
             fused_mlp=arch == "phi3",  # llama.cpp splits Granite's shared MLP in two
+            bidirectional=bidirectional,
         )
     except ConfigError as error:  # re-raised naming the file rather than the class
         raise ConfigError(path, error.problem) from None

@@ -54,6 +54,7 @@ from nanoserve.runtime.loading.gguf_recurrent import (
 )
 from nanoserve.runtime.loading.gguf_types import DEQUANTIZED_HERE, GGML_TYPES, GgmlType
 from nanoserve.runtime.loading.model_config import Architecture, ModelConfig
+from nanoserve.runtime.loading.pooler_config import GGUF_DENSE
 from nanoserve.runtime.text.family_templates import family_template
 from nanoserve.runtime.text.tokenizer import Tokenizer
 
@@ -69,6 +70,7 @@ _ARCHITECTURES: dict[str, Architecture] = {
     "qwen2": "qwen2",
     "qwen3": "qwen3",
     "gemma3": "gemma3",
+    "gemma-embedding": "gemma3",  # EmbeddingGemma: bidirectional, two Dense after pooling
     "smollm3": "smollm3",
     "phi3": "phi3",
     "lfm2": "lfm2",
@@ -135,6 +137,8 @@ def hf_tensor_name(gguf_name: str, arch: str = "llama") -> str | None:
         layer, part, kind = match.groups()
         names = _LAYER_NAMES_BY_ARCH.get(arch, _LAYER_NAMES)
         return f"model.layers.{layer}.{names[part]}.{kind}" if part in names else None
+    if gguf_name in GGUF_DENSE:  # EmbeddingGemma's projections after pooling (pooler_config)
+        return gguf_name
     stem, _, kind = gguf_name.rpartition(".")
     names = _LFM2_GLOBAL_NAMES if arch == "lfm2" else _GLOBAL_NAMES
     return f"{names[stem]}.{kind}" if stem in names else None

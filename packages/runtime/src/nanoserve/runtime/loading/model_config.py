@@ -1,14 +1,14 @@
-"""The shape of a decoder-only model, and the rotary frequencies it implies.
+"""The shape of a model, and the rotary frequencies it implies.
 
 One frozen `ModelConfig` describes every architecture nanoserve runs (Llama, Qwen2, Qwen3,
 Mistral, Gemma 3, SmolLM3, Phi-3, LFM2, Qwen3.5, Granite 4.0-H): they differ only in the fields
 here, each a delta on the Llama forward (per-head q/k norms, sandwich norms, GeGLU, sliding-window
 layers, layers without rotary, scaled or partial rotary, a gate on attention's output, scaled
 residual branches and logits, and a hybrid's recurrent layers: LFM2's short convolutions,
-Qwen3.5's gated DeltaNet, Granite's Mamba2; recurrent_layers.py). It is built from a Hugging
-Face `config.json`
-(`from_hf`) or from GGUF metadata (`gguf_file.py`), and validated on construction, so a config
-that exists is usable.
+Qwen3.5's gated DeltaNet, Granite's Mamba2; recurrent_layers.py), and attention both ways over
+whole inputs (EmbeddingGemma; the BERT family's encoder, encoder_layers.py). It is built from a
+Hugging Face `config.json` (`from_hf`) or from GGUF metadata (`gguf_file.py`), and validated on
+construction, so a config that exists is usable.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from nanoserve.runtime.errors import ConfigError, UnsupportedModelError
 from nanoserve.runtime.loading.config_fields import (
@@ -61,20 +61,7 @@ Architecture = Literal[
     "bert",
     "nomic_bert",
 ]
-ARCHITECTURES: tuple[Architecture, ...] = (
-    "llama",
-    "qwen2",
-    "qwen3",
-    "mistral",
-    "gemma3",
-    "smollm3",
-    "phi3",
-    "lfm2",
-    "qwen3_5",
-    "granitemoehybrid",
-    "bert",
-    "nomic_bert",
-)
+ARCHITECTURES: tuple[Architecture, ...] = get_args(Architecture)
 # config.json's model_type of each (Gemma 3's text-only checkpoints are "gemma3_text"; Qwen3.5's
 # text model is "qwen3_5_text", and "qwen3_5" its multimodal form, whose text_config is read)
 HF_MODEL_TYPES: dict[str, Architecture] = {
@@ -124,6 +111,9 @@ class ModelConfig:
     fused_mlp: bool = False  # the checkpoint stores gate and up as one `gate_up_proj` (Phi-3;
     # Granite's `shared_mlp.input_linear`; a Granite GGUF stores them apart)
     encoder: EncoderLayers | None = None  # a BERT-family encoder's deltas (encoder_layers.py)
+    # Attention reads each whole input both ways and keeps no K/V (EmbeddingGemma's Gemma 3);
+    # a sliding layer then sees `sliding_window` tokens on each side, itself included.
+    bidirectional: bool = False
 
     def __post_init__(self) -> None:
         self.check("ModelConfig")  # `from_hf` re-raises naming the file it read
@@ -162,10 +152,16 @@ class ModelConfig:
         return tuple(sorted({*conv, *delta, *mamba}))
 
     @property
+    def whole_inputs(self) -> bool:
+        """Attention reads each input whole, both ways (a BERT-family encoder, EmbeddingGemma):
+        an input is one step's chunk, nothing is kept after it, and nothing decodes."""
+        return self.encoder is not None or self.bidirectional
+
+    @property
     def attention_layers(self) -> tuple[int, ...]:
-        """The layers that attend and hold K/V: all but a hybrid's recurrent ones (none for an
-        encoder, whose attention reads only its own input)."""
-        if self.encoder is not None:
+        """The layers that attend and hold K/V: all but a hybrid's recurrent ones (none for a
+        model that reads whole inputs, whose attention reads only its own input)."""
+        if self.whole_inputs:
             return ()
         recurrent = set(self.recurrent_layers)
         return tuple(i for i in range(self.num_layers) if i not in recurrent)
@@ -333,6 +329,9 @@ class ModelConfig:
         kinds = layer_types(arch, config_json, num_layers, source)
         rope = parse_rope(arch, config_json, source)
         window = sliding_window(arch, config_json, kinds, field("max_position_embeddings"))
+        bidirectional = bool(config_json.get("use_bidirectional_attention"))
+        if bidirectional and window is not None:  # transformers' |i - j| < window // 2 + 1
+            window = window // 2 + 1
         eos = (generation_config or {}).get("eos_token_id")
         if eos is None:
             eos = config_json.get("eos_token_id")
@@ -391,6 +390,7 @@ class ModelConfig:
                     config_json, "residual_multiplier", granite, source
                 ),
                 logits_scaling=granite_number(config_json, "logits_scaling", granite, source),
+                bidirectional=bidirectional,
             )
         except ConfigError as error:  # re-raised naming the file rather than the class
             raise ConfigError(source, error.problem) from None

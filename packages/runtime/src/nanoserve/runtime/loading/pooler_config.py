@@ -39,6 +39,8 @@ ST_MODES = {
     "pooling_mode_mean_tokens": PoolingMethod.MEAN,
     "pooling_mode_cls_token": PoolingMethod.CLS,
 }
+# EmbeddingGemma's Dense modules as llama.cpp's converter stores them (2_Dense, 3_Dense)
+GGUF_DENSE = ("dense_2.weight", "dense_3.weight")
 ACTIVATIONS = {"torch.nn.modules.linear.Identity": "identity", "torch.nn.modules.activation.Tanh": "tanh"}  # fmt: skip
 
 
@@ -134,17 +136,19 @@ def encoder_pooler(files: PoolerConfig, tensors: Iterable[str]) -> PoolerConfig:
     return PoolerConfig("embed", PoolingMethod.CLS, True, source="a BERT-family encoder")
 
 
-def resolve_task(files: PoolerConfig, asked: str, *, encoder: bool = False) -> PoolerConfig:
-    """The files' pooler, or what `--task` asks of the model instead (an encoder neither
-    generates nor, without a classification head, scores)."""
+def resolve_task(files: PoolerConfig, asked: str, *, whole_inputs: bool = False) -> PoolerConfig:
+    """The files' pooler, or what `--task` asks of the model instead (a model with
+    bidirectional attention neither generates nor, without a classification head, scores)."""
     if asked not in TASKS:
         raise ConfigError(Path("--task"), f"must be one of {', '.join(TASKS)}, got {asked!r}")
     if asked in ("auto", files.task):
         return files
     source = f"--task {asked}"
-    if encoder and asked != "embed":
+    if whole_inputs and asked != "embed":
         problem = "generate" if asked == "generate" else "rerank without a classification head"
-        raise ConfigError(Path("--task"), f"{asked}: a BERT-family encoder cannot {problem}")
+        raise ConfigError(
+            Path("--task"), f"{asked}: a model with bidirectional attention cannot {problem}"
+        )
     if asked == "generate":
         if files.head == "classifier":
             raise ConfigError(

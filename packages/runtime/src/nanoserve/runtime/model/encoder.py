@@ -46,6 +46,7 @@ from nanoserve.runtime.model.weight_forms import (
     make_linear,
     prepare_kernels,
 )
+from nanoserve.runtime.model.whole_attention import whole_attention
 
 Norm = tuple[torch.Tensor, torch.Tensor]  # a LayerNorm's weight and bias, float32
 
@@ -213,12 +214,8 @@ class EncoderModel:
             q, k, v = qkv.split(cfg.hidden_size, dim=-1)
             if self.rotary is not None:
                 q, k = self._rotate(q, positions), self._rotate(k, positions)
-            mixed = torch.cat(
-                [
-                    _attention(q[a:b], k[a:b], v[a:b], heads, head_dim)
-                    for a, b in itertools.pairwise(starts)
-                ]
-            )
+            qh, kh, vh = (t.view(-1, heads, head_dim) for t in (q, k, v))
+            mixed = whole_attention(qh, kh, vh, starts)
             attn = self._linear(mixed, layer.o, layer.o_bias)
             x = _layer_norm(x + attn, layer.attn_norm, enc.layer_norm_eps)
             up = self._linear(x, layer.up, layer.up_bias)
@@ -280,13 +277,3 @@ def _activate(x: torch.Tensor, encoder: EncoderLayers) -> torch.Tensor:
     if encoder.act == "gelu_tanh":
         return F.gelu(x, approximate="tanh")
     return F.silu(x)
-
-
-def _attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads: int, head_dim: int
-) -> torch.Tensor:
-    """One whole input's bidirectional attention: [tokens, heads * head_dim]."""
-    n = q.shape[0]
-    qh, kh, vh = (t.view(n, heads, head_dim).transpose(0, 1) for t in (q, k, v))
-    out = F.scaled_dot_product_attention(qh, kh, vh)  # [heads, tokens, head_dim]
-    return out.transpose(0, 1).reshape(n, heads * head_dim)

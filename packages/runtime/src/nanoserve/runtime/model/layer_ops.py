@@ -50,6 +50,17 @@ class LayerOps(Protocol):
         """x += delta in place; returns RMSNorm(x)."""
         ...
 
+    def rotate(
+        self,
+        qkv: torch.Tensor,
+        rotary: Rotary | None,
+        plan: Plan,
+        qk_norms: QKNorms | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """As `rotate_and_cache`, keeping nothing: q, k and v, [tokens, (kv_)heads, head_dim]
+        (a model that reads whole inputs)."""
+        ...
+
     def rotate_and_cache(
         self,
         qkv: torch.Tensor,
@@ -119,17 +130,23 @@ class TorchOps:
         layer: int,
         qk_norms: QKNorms | None = None,
     ) -> torch.Tensor:
-        cfg = self.config
-        tokens, q_size, kv_size = qkv.shape[0], cfg.q_size, cfg.kv_size
-        q = qkv[:, :q_size].view(tokens, cfg.num_heads, cfg.head_dim)
-        k = qkv[:, q_size : q_size + kv_size].view(tokens, cfg.num_kv_heads, cfg.head_dim)
-        v = qkv[:, q_size + kv_size :].view(tokens, cfg.num_kv_heads, cfg.head_dim)
+        q, k, v = self.rotate(qkv, rotary, plan, qk_norms)
+        cache.write(layer, plan, k, v)
+        return q.reshape(qkv.shape[0], self.config.q_size)
+
+    def rotate(
+        self,
+        qkv: torch.Tensor,
+        rotary: Rotary | None,
+        plan: Plan,
+        qk_norms: QKNorms | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        q, k, v = split_heads(qkv, self.config)
         if qk_norms is not None:
             q, k = self.rms_norm(q, qk_norms[0]), self.rms_norm(k, qk_norms[1])
         if rotary is not None:
             q, k = _rotate(q, *rotary), _rotate(k, *rotary)
-        cache.write(layer, plan, k, v)
-        return q.reshape(tokens, q_size)
+        return q, k, v
 
     def attention(
         self, q: torch.Tensor, plan: Plan, cache: CacheRows, layer: int, window: int | None
@@ -144,6 +161,17 @@ class TorchOps:
         if self.config.hidden_act == "gelu_tanh":
             return F.gelu(gate, approximate="tanh") * up
         return F.silu(gate) * up
+
+
+def split_heads(
+    qkv: torch.Tensor, config: ModelConfig
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The qkv projection's output as q, k and v heads: [tokens, (kv_)heads, head_dim] views."""
+    tokens, q_size, kv_size = qkv.shape[0], config.q_size, config.kv_size
+    q = qkv[:, :q_size].view(tokens, config.num_heads, config.head_dim)
+    k = qkv[:, q_size : q_size + kv_size].view(tokens, config.num_kv_heads, config.head_dim)
+    v = qkv[:, q_size + kv_size :].view(tokens, config.num_kv_heads, config.head_dim)
+    return q, k, v
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -204,6 +232,23 @@ class CpuKernelOps:
         kv = cache.storage(layer, plan)  # [2, slots + 1, kv_heads, head_dim]
         self.ops.rope_write_kv(qkv, plan.positions, *rotary, kv, plan.write_slots, cfg.num_heads)
         return qkv[:, : cfg.q_size]  # a view: rows keep qkv's stride
+
+    def rotate(
+        self,
+        qkv: torch.Tensor,
+        rotary: Rotary | None,
+        plan: Plan,
+        qk_norms: QKNorms | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        cfg = self.config
+        qkv = qkv.contiguous()
+        if qk_norms is not None:
+            self.ops.head_rms_norm(qkv, *qk_norms, cfg.num_heads, cfg.num_kv_heads, self.eps)
+        q, k, v = split_heads(qkv, cfg)
+        if rotary is not None:  # the whole tables: gathered here at the plan's positions
+            cos, sin = (t[plan.positions][:, None, :] for t in rotary)
+            q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
+        return q, k, v
 
     def attention(
         self, q: torch.Tensor, plan: Plan, cache: CacheRows, layer: int, window: int | None

@@ -17,7 +17,9 @@ recorded) or a PrefillPlan (chunks of prompts, and decode rows as chunks of one 
 layer is RMSNorm, the qkv projection, rotary and the K/V write, paged attention, the output
 projection, and the MLP; the linears are whatever form the weights were loaded in
 (weight_forms.py) and the rest is one of two kernel sets (layer_ops.py): torch's, or
-nanoserve's CPU kernels, which the CPU-only weight forms (q4, q8) run on.
+nanoserve's CPU kernels, which the CPU-only weight forms (q4, q8) run on. With `bidirectional`
+(EmbeddingGemma), a prefill plan's chunks are whole inputs and attention reads each both ways
+(whole_attention.py), keeping no K/V.
 """
 
 from __future__ import annotations
@@ -58,6 +60,7 @@ from nanoserve.runtime.model.weight_forms import (
     kept_blocks,
     prepare_kernels,
 )
+from nanoserve.runtime.model.whole_attention import whole_attention
 
 # MKL's fp32 GEMM picks its kernel by the number of rows, and which counts share a kernel
 # differs per CPU (Zen 3/4: 1, 2-3, multiples of 4; an Intel AMX Xeon: 1, 2-15, 16 and up);
@@ -299,6 +302,7 @@ class LlamaModel:
         for index, (layer, kind) in enumerate(zip(self.layers, self.kinds, strict=True)):
             # The last layer of a prefill carries only each chunk's last token past its writes.
             trim = logit_rows is None and index == last and isinstance(plan, PrefillPlan)
+            trim = trim and not cfg.bidirectional  # there every row's K/V is read after it
             mixer_in = self._linear(h, layer.qkv, layer.qkv_bias)  # [tokens, q + 2 kv]
             if index in self.state_index:  # a recurrent layer
                 state = self.state_index[index]
@@ -325,6 +329,14 @@ class LlamaModel:
                     rows = plan.last_token_idx  # [chunks]
                     mixed, x, plan = mixed[rows], x[rows], last_tokens(plan)
                 attn = self._linear(mixed, layer.o, layer.o_bias)
+            elif cfg.bidirectional:  # EmbeddingGemma: each whole input both ways, nothing kept
+                assert isinstance(plan, PrefillPlan)
+                table = None if kind.rotary is None else rotary[kind.rotary]
+                q, k, v = ops.rotate(mixer_in, table, plan, layer.qk_norms)
+                heads = whole_attention(
+                    q, k, v, plan.query_starts, scale=cfg.attention_scale, window=kind.window
+                )
+                attn = self._linear(heads, layer.o)
             else:
                 table = None if kind.rotary is None else rotary[kind.rotary]
                 kv = self.kv_index[index]  # the layer's K/V in the pool (attention layers only)

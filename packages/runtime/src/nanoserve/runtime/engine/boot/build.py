@@ -134,7 +134,7 @@ def _build_engine(
         say(f"loading the draft model {draft_path(spec.model)}")
         draft = load_draft_model(spec.model, resolved, checkpoint.tokenizer)
     pooler = build_pooler(
-        resolve_task(checkpoint.pooler, config.task, encoder=checkpoint.config.encoder is not None),
+        resolve_task(checkpoint.pooler, config.task, whole_inputs=checkpoint.config.whole_inputs),
         model.logits,
         checkpoint.head_tensor,
         lambda text: checkpoint.tokenizer.encode(text, add_special_tokens=False),
@@ -174,7 +174,7 @@ def _build_engine(
         say(spec_line(engine.speculator.cost, resolved.max_batch))
     if not engine.pool_plan.num_layers:
         say(
-            f"no K/V kept (an encoder): {resolved.max_batch} inputs of up to"
+            f"no K/V kept (whole inputs, both ways): {resolved.max_batch} inputs of up to"
             f" {min(resolved.max_model_len, resolved.max_num_batched_tokens)} tokens in flight,"
             f" each whole in one step of at most {resolved.max_num_batched_tokens} tokens"
         )

@@ -309,15 +309,19 @@ class ResolvedConfig:
 
 
 def without_decoding(config: ResolvedConfig, task: str) -> ResolvedConfig:
-    """`config` for a model that never decodes (an encoder: whole inputs, one step each,
+    """`config` for a model that never decodes (a BERT-family encoder, EmbeddingGemma: whole
+    inputs, one step each,
     serving `task`): no decode steps recorded or warmed, no step timings to price a prefill
     budget from (the token budget alone batches its inputs). Generation and speculation are
     refused: there is nothing to decode or draft."""
     if task == "generate":
         raise EngineConfigError(
-            "a BERT-family encoder embeds or scores, it does not generate"
+            "a model with bidirectional attention embeds or scores, it does not generate"
             " (--task embed or --task rerank)"
         )
     if config.speculative is not None:
-        raise EngineConfigError("an encoder does not generate: it takes no --speculative-config")
+        raise EngineConfigError(
+            "a model with bidirectional attention does not generate: it takes no"
+            " --speculative-config"
+        )
     return replace(config, decode_mode=DecodeMode.EAGER, warm=False, prefill_budget=None)
