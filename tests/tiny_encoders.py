@@ -10,7 +10,15 @@ from typing import Any
 
 import numpy as np
 import torch
-from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
+from tokenizers import (
+    Regex,
+    Tokenizer,
+    decoders,
+    models,
+    normalizers,
+    pre_tokenizers,
+    processors,
+)
 
 from tests.tiny_models import randomized
 
@@ -56,6 +64,34 @@ def wordpiece_tokenizer(specials: str = "bert") -> Tokenizer:
     return tokenizer
 
 
+def unigram_tokenizer() -> Tokenizer:
+    """XLM-R's kind of tokenizer, small: a Unigram over SentencePiece's `▁`-spaced pieces
+    (`<s> <pad> </s> <unk>` at ids 0-3, letters, a few words and parts of words, each with a
+    fixed log-probability), runs of spaces collapsed, RoBERTa's framing."""
+    letters = [chr(c) for c in range(ord("a"), ord("z") + 1)]
+    pieces = [(t, 0.0) for t in _ROBERTA_SPECIALS] + [("\u2581", -2.0)]
+    pieces += [(c, -4.0) for c in [*letters, ".", ",", "?", "!"]]
+    pieces += [(f"\u2581{w}", -6.0 - i / 10) for i, w in enumerate(_WORDS)]
+    pieces += [(part, -5.0) for part in ("at", "he", "og", "ment", "\u2581do", "\u2581th")]
+    tokenizer = Tokenizer(models.Unigram(pieces, unk_id=3))
+    tokenizer.normalizer = normalizers.Replace(Regex(" {2,}"), " ")
+    tokenizer.pre_tokenizer = pre_tokenizers.Metaspace()
+    tokenizer.decoder = decoders.Metaspace()
+    tokenizer.add_special_tokens(list(_ROBERTA_SPECIALS))
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single="<s> $A </s>",
+        pair="<s> $A </s> </s> $B </s>",
+        special_tokens=[("<s>", 0), ("</s>", 2)],
+    )
+    return tokenizer
+
+
+def _tokenizer(kind: str, vocab: str) -> Tokenizer:
+    if vocab == "unigram":
+        return unigram_tokenizer()
+    return wordpiece_tokenizer("roberta" if kind == "xlm-roberta" else "bert")
+
+
 def _config(kind: str, vocab: int, num_labels: int | None = None) -> Any:
     import transformers
 
@@ -75,16 +111,21 @@ def _config(kind: str, vocab: int, num_labels: int | None = None) -> Any:
 
 
 def make_tiny_encoder_dir(
-    tmp_path: Path, kind: str = "bert", *, pooling: str = "mean_tokens", seed: int = 0
+    tmp_path: Path,
+    kind: str = "bert",
+    *,
+    pooling: str = "mean_tokens",
+    seed: int = 0,
+    vocab: str = "wordpiece",
 ) -> Path:
     """A tiny encoder saved as sentence-transformers saves one: the base model, a Pooling module
-    (`mean_tokens` or `cls_token`) and Normalize."""
+    (`mean_tokens` or `cls_token`) and Normalize; `vocab` "unigram": XLM-R's kind of tokenizer."""
     import transformers
 
-    tokenizer = wordpiece_tokenizer("roberta" if kind == "xlm-roberta" else "bert")
+    tokenizer = _tokenizer(kind, vocab)
     config = _config(kind, tokenizer.get_vocab_size())
     model = randomized(transformers.AutoModel.from_config(config), seed).eval()
-    out = tmp_path / f"{kind}-embed-{pooling}-{seed}"
+    out = tmp_path / f"{kind}-embed-{pooling}-{seed}-{vocab}"
     model.save_pretrained(out)
     tokenizer.save(str(out / "tokenizer.json"))
     modules = [
@@ -100,17 +141,19 @@ def make_tiny_encoder_dir(
     return out
 
 
-def make_tiny_cross_encoder_dir(tmp_path: Path, kind: str = "bert", seed: int = 0) -> Path:
+def make_tiny_cross_encoder_dir(
+    tmp_path: Path, kind: str = "bert", seed: int = 0, vocab: str = "wordpiece"
+) -> Path:
     """A tiny `*ForSequenceClassification` cross-encoder with one label (bge-reranker's shape:
-    XLM-R; ms-marco-MiniLM's: BERT)."""
+    XLM-R, with `vocab` "unigram" its kind of tokenizer; ms-marco-MiniLM's: BERT)."""
     import transformers
 
-    tokenizer = wordpiece_tokenizer("roberta" if kind == "xlm-roberta" else "bert")
+    tokenizer = _tokenizer(kind, vocab)
     config = _config(kind, tokenizer.get_vocab_size(), num_labels=1)
     classes = {"bert": transformers.BertForSequenceClassification,
                "xlm-roberta": transformers.XLMRobertaForSequenceClassification}  # fmt: skip
     model = randomized(classes[kind](config), seed).eval()
-    out = tmp_path / f"{kind}-cross-{seed}"
+    out = tmp_path / f"{kind}-cross-{seed}-{vocab}"
     model.save_pretrained(out)
     tokenizer.save(str(out / "tokenizer.json"))
     return out
@@ -153,9 +196,11 @@ def reference_scores(model_dir: Path, pairs: list[tuple[str, str]]) -> list[floa
 
 
 def write_tiny_encoder_gguf(model_dir: Path, out: Path, *, pooling_type: int = 1) -> Path:
-    """A tiny BERT or NomicBERT folder (embedder or cross-encoder) as llama.cpp's converter
-    writes it: arch `bert` or `nomic-bert`, F32 tensors in its names, the WordPiece vocabulary
-    with word starts marked `▁` and `##` dropped, `pooling_type` (1 mean, 2 CLS, 4 rank)."""
+    """A tiny BERT, XLM-R or NomicBERT folder (embedder or cross-encoder) as llama.cpp's
+    converter writes it: arch `bert` or `nomic-bert`, F32 tensors in its names, `pooling_type`
+    (1 mean, 2 CLS, 4 rank), and the vocabulary: WordPiece with word starts marked `▁` and `##`
+    dropped, or a Unigram's pieces and scores (`t5`); XLM-R's position table cut to start at
+    its position 0 (past its padding id)."""
     import gguf
     from safetensors.torch import load_file
 
@@ -164,9 +209,9 @@ def write_tiny_encoder_gguf(model_dir: Path, out: Path, *, pooling_type: int = 1
     config = json.loads((model_dir / "config.json").read_text())
     nomic = config["model_type"] == "nomic_bert"
     tokenizer = json.loads((model_dir / "tokenizer.json").read_text())
-    vocab = sorted(tokenizer["model"]["vocab"].items(), key=lambda kv: kv[1])
+    offset = config["pad_token_id"] + 1 if config["model_type"] == "xlm-roberta" else 0
     writer = gguf.GGUFWriter(str(out), "nomic-bert" if nomic else "bert")
-    writer.add_context_length(config["max_position_embeddings"])
+    writer.add_context_length(config["max_position_embeddings"] - offset)
     writer.add_embedding_length(config["hidden_size"])
     writer.add_feed_forward_length(config["intermediate_size"])
     writer.add_block_count(config["num_hidden_layers"])
@@ -176,8 +221,53 @@ def write_tiny_encoder_gguf(model_dir: Path, out: Path, *, pooling_type: int = 1
     writer.add_pooling_type(gguf.PoolingType(pooling_type))
     if nomic:
         writer.add_rope_freq_base(config["rope_parameters"]["rope_theta"])
-    writer.add_tokenizer_model("bert")
     writer.add_token_type_count(config.get("type_vocab_size", 2))
+    if tokenizer["model"]["type"] == "Unigram":
+        _write_unigram_vocab(writer, tokenizer["model"])
+    else:
+        _write_wordpiece_vocab(writer, tokenizer["model"]["vocab"])
+    for name, tensor in load_file(str(model_dir / "model.safetensors")).items():
+        gguf_name = _gguf_name(encoder_name(name))
+        if gguf_name == "position_embd.weight":
+            tensor = tensor[offset:]
+        if gguf_name is not None:
+            writer.add_tensor(gguf_name, np.ascontiguousarray(tensor.float().numpy()))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return out
+
+
+def _write_unigram_vocab(writer: Any, model: dict[str, Any]) -> None:
+    """As llama.cpp's `_xlmroberta_set_vocab`: pieces, scores, types, XLM-R's special ids."""
+    import gguf
+
+    pieces = [piece for piece, _ in model["vocab"]]
+    writer.add_tokenizer_model("t5")
+    writer.add_tokenizer_pre("default")
+    writer.add_token_list(pieces)
+    writer.add_token_scores([float(score) for _, score in model["vocab"]])
+    kinds = {0: gguf.TokenType.CONTROL, 1: gguf.TokenType.CONTROL, 2: gguf.TokenType.CONTROL,
+             3: gguf.TokenType.UNKNOWN}  # fmt: skip
+    writer.add_token_types([kinds.get(i, gguf.TokenType.NORMAL) for i in range(len(pieces))])
+    writer.add_add_space_prefix(True)
+    writer.add_remove_extra_whitespaces(True)
+    writer.add_bos_token_id(0)
+    writer.add_pad_token_id(1)
+    writer.add_eos_token_id(2)
+    writer.add_sep_token_id(2)
+    writer.add_unk_token_id(3)
+    writer.add_add_bos_token(True)
+    writer.add_add_eos_token(True)
+    writer.add_add_sep_token(True)  # its pair template: <s> a </s> </s> b </s>
+
+
+def _write_wordpiece_vocab(writer: Any, ids: dict[str, int]) -> None:
+    import gguf
+
+    vocab = sorted(ids.items(), key=lambda kv: kv[1])
+    writer.add_tokenizer_model("bert")
 
     def phantom(token: str) -> str:
         if token.startswith("[") and token.endswith("]"):
@@ -189,20 +279,10 @@ def write_tiny_encoder_gguf(model_dir: Path, out: Path, *, pooling_type: int = 1
         gguf.TokenType.CONTROL if t.startswith("[") else gguf.TokenType.NORMAL for t, _ in vocab
     ]
     writer.add_token_types(types)
-    ids = dict(vocab)
     writer.add_bos_token_id(ids["[CLS]"])  # llama.cpp keeps [CLS] as BOS
     writer.add_sep_token_id(ids["[SEP]"])
     writer.add_pad_token_id(ids["[PAD]"])
     writer.add_unk_token_id(ids["[UNK]"])
-    for name, tensor in load_file(str(model_dir / "model.safetensors")).items():
-        gguf_name = _gguf_name(encoder_name(name))
-        if gguf_name is not None:
-            writer.add_tensor(gguf_name, np.ascontiguousarray(tensor.float().numpy()))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return out
 
 
 # llama.cpp's names (its convert_hf_to_gguf.py and tensor_mapping.py) of BERT's modules
@@ -225,6 +305,8 @@ _GGUF_GLOBAL = {
     "embeddings.LayerNorm": "token_embd_norm",
     "pooler.dense": "cls",
     "classifier": "cls.output",
+    "classifier.dense": "cls",  # RoBERTa's head
+    "classifier.out_proj": "cls.output",
 }
 
 

@@ -93,6 +93,29 @@ def test_a_gguf_reranker_scores_with_its_cls_head(models: Path) -> None:
     assert scores == pytest.approx(tiny_encoders.reference_scores(folder, PAIRS), abs=1e-4)
 
 
+def test_an_xlm_r_gguf_with_a_unigram_vocabulary_embeds_and_scores_as_its_folder(
+    models: Path,
+) -> None:
+    """bge-m3's and bge-reranker-v2-m3's shape: XLM-R, its SentencePiece Unigram vocabulary
+    written by llama.cpp as `t5`, its position table cut past the padding id."""
+    folder = tiny_encoders.make_tiny_encoder_dir(models, "xlm-roberta", seed=4, vocab="unigram")
+    gguf = tiny_encoders.write_tiny_encoder_gguf(folder, models / "xlmr.gguf")
+    from tokenizers import Tokenizer
+
+    expected_ids = [
+        Tokenizer.from_file(str(folder / "tokenizer.json")).encode(t).ids for t in TEXTS
+    ]
+    outs = LLM(str(gguf)).embed(TEXTS)
+    assert [o.prompt_token_ids for o in outs] == expected_ids
+    reference = tiny_encoders.reference_embeddings(folder, TEXTS, "mean_tokens")
+    got = torch.tensor([o.embedding for o in outs])
+    assert torch.nn.functional.cosine_similarity(got, reference).min().item() >= 0.9999
+    cross = tiny_encoders.make_tiny_cross_encoder_dir(models, "xlm-roberta", 5, vocab="unigram")
+    rank = tiny_encoders.write_tiny_encoder_gguf(cross, models / "xlmr-rank.gguf", pooling_type=4)
+    scores = [o.score for o in LLM(str(rank)).score([q for q, _ in PAIRS], [d for _, d in PAIRS])]
+    assert scores == pytest.approx(tiny_encoders.reference_scores(cross, PAIRS), abs=1e-4)
+
+
 def test_alone_equals_batched_and_no_kv_is_kept(models: Path) -> None:
     folder = tiny_encoders.make_tiny_encoder_dir(models, "bert", seed=4)
     llm = LLM(str(folder), max_batch=4, max_num_batched_tokens=64)

@@ -111,7 +111,8 @@ def test_pre_tokenizers(pre: str, pieces: list[str], tiny_gguf_metadata: dict[st
 @pytest.mark.parametrize(
     ("changes", "message"),
     [
-        ({"tokenizer.ggml.model": "t5"}, "tokenizer.ggml.model='t5'"),
+        ({"tokenizer.ggml.model": "rwkv"}, "tokenizer.ggml.model='rwkv'"),
+        ({"tokenizer.ggml.model": "t5"}, "a Unigram vocabulary needs as many scores"),
         ({"tokenizer.ggml.model": "llama"}, "a SentencePiece vocabulary without byte tokens"),
         ({"tokenizer.ggml.pre": "martian"}, "tokenizer.ggml.pre='martian' is not supported"),
         ({"tokenizer.ggml.merges": ["a b c"]}, "merge 'a b c' is not two"),

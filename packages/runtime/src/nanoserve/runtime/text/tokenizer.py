@@ -18,6 +18,7 @@ from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers, proc
 
 from nanoserve.runtime.errors import TokenizerError
 from nanoserve.runtime.text.spm_vocab import end_of_turn_ids, spm_backend
+from nanoserve.runtime.text.ugm_vocab import unigram_backend
 from nanoserve.runtime.text.wpm_vocab import wordpiece_backend
 
 # llama.cpp's token types (`tokenizer.ggml.token_type`).
@@ -82,14 +83,14 @@ class Tokenizer:
         model = metadata.get("tokenizer.ggml.model")
         if model == "llama":
             return cls._from_spm_metadata(metadata, source)
-        if model == "bert":
-            backend = wordpiece_backend(metadata, source)
-            return cls(backend, eos_token_ids=(), bos_token_id=None)
+        if model in ("bert", "t5"):  # an encoder's: framed by its post-processor
+            make = wordpiece_backend if model == "bert" else unigram_backend
+            return cls(make(metadata, source), eos_token_ids=(), bos_token_id=None)
         if model != "gpt2":
             raise TokenizerError(
                 source,
                 f"tokenizer.ggml.model={model!r}: only 'gpt2' (byte-level BPE), 'llama'"
-                " (SentencePiece) and 'bert' (WordPiece) are supported",
+                " (SentencePiece), 'bert' (WordPiece) and 't5' (Unigram) are supported",
             )
         tokens: list[str] = list(_required(metadata, "tokenizer.ggml.tokens", source))
         merges: list[str] = list(_required(metadata, "tokenizer.ggml.merges", source))
