@@ -74,7 +74,8 @@ def build_parts(
         if rule is not None
         else None,
     )
-    # A model that reads whole inputs neither decodes nor drafts: its steps are whole inputs under the token budget
+    # A model that reads whole inputs neither decodes nor drafts: its steps are whole inputs
+    # under the token budget
     decoder = model if isinstance(model, LlamaModel) else None
     timings = step_timings(decoder, config) if decoder else None  # "auto": timed or remembered
     budget = resolve_prefill_budget(config, timings)

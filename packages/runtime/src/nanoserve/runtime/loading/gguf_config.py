@@ -23,6 +23,7 @@ from nanoserve.runtime.loading.gguf_recurrent import (
     text_layers,
 )
 from nanoserve.runtime.loading.gguf_types import GGML_TYPES
+from nanoserve.runtime.loading.layer_pattern import bidirectional_window
 from nanoserve.runtime.loading.model_config import Architecture, ModelConfig
 from nanoserve.runtime.loading.rope import FreqFactors, LinearRope, LongRope
 from nanoserve.runtime.text.tokenizer import Tokenizer
@@ -91,9 +92,9 @@ def gguf_config(
     if window is not None and (not window or window >= int(key("context_length"))):
         window = None  # a window no narrower than the context is none
     gemma = arch == "gemma3"
-    bidirectional = stored_arch == "gemma-embedding"  # llama.cpp's symmetric window: the same
-    if bidirectional and window is not None:  # |i - j| <= window // 2 as transformers' halving
-        window = int(window) // 2 + 1
+    bidirectional = stored_arch == "gemma-embedding"  # EmbeddingGemma
+    if bidirectional and window is not None:
+        window = bidirectional_window(int(window))
     try:
         return ModelConfig(
             architecture=arch,

@@ -71,6 +71,13 @@ def sliding_window(
     return window
 
 
+def bidirectional_window(window: int) -> int:
+    """A bidirectional model's sliding window as ModelConfig holds it (`|i - j| < result`) from
+    the one its files store: transformers halves it (`window // 2 + 1`, exclusive), and
+    llama.cpp's symmetric window reads the same pairs (`|i - j| <= window / 2`)."""
+    return window // 2 + 1
+
+
 def no_rope_layers(arch: str, config_json: Mapping[str, Any], num_layers: Any) -> tuple[int, ...]:
     if arch == "granitemoehybrid" and type(num_layers) is int:  # rotary only when it says "rope"
         return (

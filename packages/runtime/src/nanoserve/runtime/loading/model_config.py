@@ -35,7 +35,12 @@ from nanoserve.runtime.loading.encoder_layers import (
     EncoderLayers,
     encoder_fields,
 )
-from nanoserve.runtime.loading.layer_pattern import layer_types, no_rope_layers, sliding_window
+from nanoserve.runtime.loading.layer_pattern import (
+    bidirectional_window,
+    layer_types,
+    no_rope_layers,
+    sliding_window,
+)
 from nanoserve.runtime.loading.recurrent_layers import (
     DeltaNetLayers,
     Mamba2Layers,
@@ -330,8 +335,8 @@ class ModelConfig:
         rope = parse_rope(arch, config_json, source)
         window = sliding_window(arch, config_json, kinds, field("max_position_embeddings"))
         bidirectional = bool(config_json.get("use_bidirectional_attention"))
-        if bidirectional and window is not None:  # transformers' |i - j| < window // 2 + 1
-            window = window // 2 + 1
+        if bidirectional and window is not None:
+            window = bidirectional_window(window)
         eos = (generation_config or {}).get("eos_token_id")
         if eos is None:
             eos = config_json.get("eos_token_id")

@@ -31,7 +31,7 @@ from nanoserve.runtime.loading.model_config import ModelConfig
 from nanoserve.runtime.model.device import resolve_device
 from nanoserve.runtime.model.int8_weight import Int8Weight
 from nanoserve.runtime.model.kv_pool import CacheRows
-from nanoserve.runtime.model.llama import linear_kernels, tiled_linear
+from nanoserve.runtime.model.llama import tiled_linear
 from nanoserve.runtime.model.quant_weight import QuantLinear, QuantWeight
 from nanoserve.runtime.model.rotary import rotary_table
 from nanoserve.runtime.model.weight_forms import (
@@ -43,6 +43,7 @@ from nanoserve.runtime.model.weight_forms import (
     describe_fallbacks,
     describe_types,
     kept_blocks,
+    linear_kernels,
     make_linear,
     prepare_kernels,
 )

@@ -31,7 +31,6 @@ import torch
 import torch.nn.functional as F
 
 from nanoserve.core import DecodePlan, PrefillPlan, StepFootprint, last_tokens
-from nanoserve.runtime.kernels.cpu_kernels import load_cpu_kernels
 from nanoserve.runtime.loading.checkpoint import (
     Checkpoint,
     expected_tensor_shapes,
@@ -58,6 +57,7 @@ from nanoserve.runtime.model.weight_forms import (
     describe_fallbacks,
     describe_types,
     kept_blocks,
+    linear_kernels,
     prepare_kernels,
 )
 from nanoserve.runtime.model.whole_attention import whole_attention
@@ -384,19 +384,6 @@ def tiled_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> to
     if rows + pad == tile:
         return F.linear(x, w, b)[:rows]
     return torch.cat([F.linear(part, w, b) for part in x.split(tile)])[:rows]
-
-
-def linear_kernels(quantize: str | None, dtype: torch.dtype, device: torch.device) -> str:
-    """What runs the linears and the rest of a layer, for the boot line and /health."""
-    if quantize in KERNEL_FORMS:
-        forms = "gguf" if quantize == "gguf" else f"{quantize}+q8"
-        return f"{forms} nanoserve/{load_cpu_kernels().isa}"
-    if quantize == "int8":
-        return "int8 torch/_weight_int8pack_mm"
-    name = str(dtype).removeprefix("torch.")
-    if device.type != "cpu":
-        return f"{name} torch/{device.type}"
-    return f"{name} torch/{'mkl' if dtype == torch.float32 else 'onednn'}"
 
 
 weight_shapes = expected_tensor_shapes  # every weight the model takes, by HF name: its shape

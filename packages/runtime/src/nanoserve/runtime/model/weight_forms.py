@@ -174,3 +174,16 @@ def check_kernel_geometry(config: ModelConfig) -> None:
     ]
     if problems:
         raise QuantizationError(f"the CPU kernels cannot run this model: {'; '.join(problems)}")
+
+
+def linear_kernels(quantize: str | None, dtype: torch.dtype, device: torch.device) -> str:
+    """What runs the linears and the rest of a layer, for the boot line and /health."""
+    if quantize in KERNEL_FORMS:
+        forms = "gguf" if quantize == "gguf" else f"{quantize}+q8"
+        return f"{forms} nanoserve/{load_cpu_kernels().isa}"
+    if quantize == "int8":
+        return "int8 torch/_weight_int8pack_mm"
+    name = str(dtype).removeprefix("torch.")
+    if device.type != "cpu":
+        return f"{name} torch/{device.type}"
+    return f"{name} torch/{'mkl' if dtype == torch.float32 else 'onednn'}"

@@ -310,10 +310,9 @@ class ResolvedConfig:
 
 def without_decoding(config: ResolvedConfig, task: str) -> ResolvedConfig:
     """`config` for a model that never decodes (a BERT-family encoder, EmbeddingGemma: whole
-    inputs, one step each,
-    serving `task`): no decode steps recorded or warmed, no step timings to price a prefill
-    budget from (the token budget alone batches its inputs). Generation and speculation are
-    refused: there is nothing to decode or draft."""
+    inputs, one step each, serving `task`): no decode steps recorded or warmed, no step timings
+    to price a prefill budget from (the token budget alone batches its inputs). Generation and
+    speculation are refused: there is nothing to decode or draft."""
     if task == "generate":
         raise EngineConfigError(
             "a model with bidirectional attention embeds or scores, it does not generate"
