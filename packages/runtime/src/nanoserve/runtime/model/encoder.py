@@ -258,9 +258,11 @@ class EncoderModel:
 
     def _linear(self, x: torch.Tensor, w: Linear, b: torch.Tensor | None) -> torch.Tensor:
         """x float32 -> float32, in whatever form the weight is."""
-        if isinstance(w, QuantLinear | Int8Weight):
-            out = w.matmul(x.to(torch.float32) if isinstance(w, QuantLinear) else x.to(self.dtype))
-            return out.float() if b is None else out.float() + b
+        if isinstance(w, QuantLinear):  # the kernel adds the bias as it stores each output
+            return w.matmul(x.to(torch.float32), b)
+        if isinstance(w, Int8Weight):
+            out = w.matmul(x.to(self.dtype)).float()
+            return out if b is None else out + b
         xs = x.to(w.dtype)
         bias = None if b is None else b.to(w.dtype)
         if self.batch_invariant and x.device.type == "cpu":

@@ -31,11 +31,20 @@ def whole_attention(
     parts = []
     for a, b in itertools.pairwise(starts):
         qh = q[a:b].float().transpose(0, 1)  # [heads, n, head_dim]
-        kh, vh = (t[a:b].float().repeat_interleave(group, dim=1).transpose(0, 1) for t in (k, v))
+        kh, vh = (_share(t[a:b].float(), group).transpose(0, 1) for t in (k, v))
         mask = None if window is None or window >= b - a else window_mask(b - a, window, q.device)
-        out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, scale=scale)
-        parts.append(out.transpose(0, 1).reshape(b - a, heads * head_dim))
+        # 4-d (a batch of one): torch's CPU flash kernel takes only those (3-d ones run the
+        # unfused math path, about twice as slow); one input a call, so it is batch-invariant.
+        out = F.scaled_dot_product_attention(
+            qh[None], kh[None], vh[None], attn_mask=mask, scale=scale
+        )
+        parts.append(out[0].transpose(0, 1).reshape(b - a, heads * head_dim))
     return torch.cat(parts).to(q.dtype) if parts else q.new_zeros(0, heads * head_dim)
+
+
+def _share(kv: torch.Tensor, group: int) -> torch.Tensor:
+    """Each K/V head repeated for the `group` query heads it serves (none copied for one)."""
+    return kv if group == 1 else kv.repeat_interleave(group, dim=1)
 
 
 def window_mask(tokens: int, window: int, device: torch.device | str = "cpu") -> torch.Tensor:
