@@ -66,7 +66,9 @@ async def test_every_metric_the_extractor_reads_is_served() -> None:
     info = re.search(r"^nanoserve:cache_config_info\{(.*)\} 1\.0$", text, re.MULTILINE)
     assert info is not None
     labels = dict(re.findall(r'(\w+)="([^"]*)"', info.group(1)))
-    assert {engine["cacheBlockSizeLabelName"], engine["cacheNumBlocksLabelName"]} == set(labels)
+    # the extractor's two labels, beside vLLM's others (cache_dtype)
+    assert {engine["cacheBlockSizeLabelName"], engine["cacheNumBlocksLabelName"]} <= set(labels)
+    assert set(labels) == {"block_size", "num_gpu_blocks", "cache_dtype"}
 
 
 @pytest.mark.anyio

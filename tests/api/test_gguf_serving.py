@@ -187,3 +187,40 @@ async def test_an_lfm2_gguf_is_served_with_its_state_on_health(tmp_path: Path) -
         assert [r["choices"][0]["text"] for r in together] == alone
         assert async_engine(server).engine.scheduler.state_slots.num_used == 0
         assert server.engine.status().blocks_in_use == 0
+
+
+async def test_a_gguf_served_with_a_quantized_kv_cache(tmp_path: Path) -> None:
+    """`--kv-cache-dtype k=q8_0,v=q4_0` through the server: /health, /metrics and the pool plan
+    say it, the pool holds more blocks in the same budget, answers are the same alone and
+    batched, and every block comes back."""
+    from gguf import GGMLQuantizationType
+
+    from tests import tiny_models
+
+    model_dir = tiny_models.make_tiny_model_dir(  # heads of 32: one block each
+        tmp_path, arch="llama", num_attention_heads=2, num_key_value_heads=1
+    )
+    gguf = tiny_models.write_tiny_gguf(model_dir, tmp_path / "h32.gguf",
+                                       qtype=GGMLQuantizationType.Q8_0)  # fmt: skip
+    blocks = {}
+    for kv in ("auto", "k=q8_0,v=q4_0"):
+        async with fake_server(
+            factory=build_async_engine, engine=served_config(gguf, kv_cache_dtype=kv)
+        ) as (client, server):
+            assert server.engine is not None, server.boot_error
+            health = (await client.get("/health")).json()
+            blocks[kv] = health["kv_pool"]["num_blocks"]
+            if kv == "auto":
+                assert health["kv_cache_dtype"] == "float16"
+                continue
+            assert health["kv_cache_dtype"] == health["kv_pool"]["kv_cache_dtype"] == kv
+            metrics = (await client.get("/metrics")).text
+            assert f'cache_dtype="{kv}"' in metrics
+            prompts = ["hello world", "the quick brown fox", "def main():", "naïve café"]
+            alone = [(await complete(client, p))["choices"][0]["text"] for p in prompts]
+            together = await asyncio.gather(*(complete(client, p) for p in prompts))
+            assert [r["choices"][0]["text"] for r in together] == alone
+            assert server.engine.status().blocks_in_use == 0
+    # 8 MiB of 16-slot blocks; a slot is 2 layers x 1 head of (K + V): 2 x 64 bytes in float16,
+    # 34 + 18 in blocks: (2^23 - 256) // 4096 and (2^23 - 104) // 1664
+    assert blocks == {"auto": 2047, "k=q8_0,v=q4_0": 5041}

@@ -37,6 +37,7 @@ def test_as_dict_reports_the_plan() -> None:
         "num_kv_heads": 2,
         "head_dim": 4,
         "dtype": "float32",
+        "kv_cache_dtype": "float32",
         "block_size": 4,
         "num_blocks": 3,
         "num_slots": 12,

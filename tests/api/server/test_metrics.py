@@ -103,7 +103,7 @@ async def test_metric_values_are_the_engine_status() -> None:
         "nanoserve:num_requests_waiting": 2.0 + 1.0,  # waiting requests + not yet handed over
         "nanoserve:kv_cache_usage_perc": 0.375,
         "nanoserve:kv_cache_blocks_total": 8.0,
-        'nanoserve:cache_config_info{block_size="16",num_gpu_blocks="8"}': 1.0,
+        'nanoserve:cache_config_info{block_size="16",cache_dtype="float32",num_gpu_blocks="8"}': 1.0,
         "nanoserve:prefix_cache_hit_rate": 0.25,
         "nanoserve:prompt_tokens_total": 123.0,
         "nanoserve:generation_tokens_total": 456.0,

@@ -176,3 +176,25 @@ def test_a_thread_count_below_one_is_one_line_and_exit_2(
 def test_a_bad_thread_count_in_the_environment_is_named() -> None:
     with pytest.raises(EngineConfigError, match="NANOSERVE_THREADS: '0': a server needs at least"):
         ServerSettings.from_env({"NANOSERVE_THREADS": "0"})
+
+
+def test_the_kv_cache_dtype_from_its_flag_or_the_environment(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert settings().engine.kv_cache_dtype == "auto"
+    assert settings("--kv-cache-dtype", "Q8_0").engine.kv_cache_dtype == "q8_0"
+    pair = settings("--kv-cache-dtype", "k=q8_0,v=q4_0").engine
+    assert pair.kv_cache_dtype == "k=q8_0,v=q4_0"
+    env = ServerSettings.from_env({"NANOSERVE_KV_CACHE_DTYPE": "q4_0"})
+    assert env.engine.kv_cache_dtype == "q4_0"
+    with pytest.raises(SystemExit) as exited:
+        main(["serve", "--kv-cache-dtype", "fp8", "--port", "1"])
+    assert exited.value.code == 2
+    assert (
+        capsys.readouterr()
+        .err.splitlines()[-1]
+        .endswith(
+            "argument --kv-cache-dtype: 'fp8' is not a K/V form; choose auto, float32, bfloat16,"
+            " float16, q8_0, q4_0, or k=<form>,v=<form>"
+        )
+    )

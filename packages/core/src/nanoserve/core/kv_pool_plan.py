@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from nanoserve.core.errors import GeometryError, NanoserveError, require_positive
+from nanoserve.core.kv_cache_dtype import KvCacheDtype
 
 
 class PoolBudgetError(NanoserveError):
@@ -21,6 +22,24 @@ class KVPoolPlan:
     dtype: torch.dtype
     block_size: int
     num_blocks: int
+    # How K and V are stored (core/kv_cache_dtype.py); None: both as `dtype`'s float values.
+    # A pool of GGUF blocks has dtype uint8.
+    forms: KvCacheDtype | None = None
+
+    def __post_init__(self) -> None:
+        if self.forms is not None and self.forms.torch_dtype != self.dtype:
+            raise GeometryError(
+                f"a {self.forms} pool stores {self.forms.torch_dtype}, not {self.dtype}"
+            )
+
+    @property
+    def kv_cache_dtype(self) -> KvCacheDtype:
+        return self.forms or KvCacheDtype.of(self.dtype)
+
+    @property
+    def row_bytes(self) -> int:
+        """One slot's K and V of one head."""
+        return self.kv_cache_dtype.row_bytes(self.head_dim)
 
     @property
     def num_slots(self) -> int:
@@ -34,8 +53,7 @@ class KVPoolPlan:
     @property
     def bytes_per_slot(self) -> int:
         """K and V of one token position across every layer."""
-        element = torch.empty((), dtype=self.dtype).element_size()
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * element
+        return self.num_layers * self.num_kv_heads * self.row_bytes
 
     @property
     def bytes_per_block(self) -> int:
@@ -51,6 +69,7 @@ class KVPoolPlan:
             "num_kv_heads": self.num_kv_heads,
             "head_dim": self.head_dim,
             "dtype": str(self.dtype).removeprefix("torch."),
+            "kv_cache_dtype": str(self.kv_cache_dtype),
             "block_size": self.block_size,
             "num_blocks": self.num_blocks,
             "num_slots": self.num_slots,
@@ -69,6 +88,7 @@ def plan_kv_pool(
     block_size: int,
     budget_bytes: int,
     max_blocks: int | None = None,
+    forms: KvCacheDtype | None = None,
 ) -> KVPoolPlan:
     """The largest pool whose blocks and sink slot fit budget_bytes (capped at max_blocks)."""
     require_positive(
@@ -76,7 +96,7 @@ def plan_kv_pool(
     )
     if max_blocks is not None:
         require_positive(max_blocks=max_blocks)
-    unit = KVPoolPlan(num_layers, num_kv_heads, head_dim, dtype, block_size, 1)
+    unit = KVPoolPlan(num_layers, num_kv_heads, head_dim, dtype, block_size, 1, forms)
     if budget_bytes < 0:
         raise GeometryError(f"budget_bytes must be >= 0, got {budget_bytes}")
     num_blocks = (budget_bytes - unit.bytes_per_slot) // unit.bytes_per_block
@@ -87,4 +107,4 @@ def plan_kv_pool(
         )
     if max_blocks is not None:
         num_blocks = min(num_blocks, max_blocks)
-    return KVPoolPlan(num_layers, num_kv_heads, head_dim, dtype, block_size, num_blocks)
+    return KVPoolPlan(num_layers, num_kv_heads, head_dim, dtype, block_size, num_blocks, forms)

@@ -39,6 +39,7 @@ class Health(Struct, kw_only=True):
     prefill_budget: dict[str, Any] | None
     ready_seconds: float | None
     kv_pool: dict[str, Any]  # the pool plan, and the blocks held now
+    kv_cache_dtype: str  # how K and V are stored: float16, q8_0, k=q8_0,v=q4_0 (--kv-cache-dtype)
     # A hybrid's recurrent state: slots, bytes, and the slots held now (None: it keeps none)
     state_pool: dict[str, Any] | None
     warm: dict[str, Any] | None  # the warm-up's report; None: none ran
@@ -64,6 +65,7 @@ class Health(Struct, kw_only=True):
             prefill_budget=status.prefill_budget.as_dict() if status.prefill_budget else None,
             ready_seconds=status.ready_seconds,
             kv_pool={**status.pool.as_dict(), "blocks_in_use": status.blocks_in_use},
+            kv_cache_dtype=str(status.pool.kv_cache_dtype),
             state_pool={
                 **status.state.as_dict(),
                 "tensors": len(status.state.tensors),

@@ -115,9 +115,10 @@ class _EngineCollector(Collector):
         info = GaugeMetricFamily(
             PREFIX + "cache_config_info",
             "The K/V cache's geometry, in the labels.",
-            labels=["block_size", "num_gpu_blocks"],
+            labels=["block_size", "num_gpu_blocks", "cache_dtype"],
         )
-        info.add_metric([str(status.pool.block_size), str(status.pool.num_blocks)], 1.0)
+        pool = status.pool
+        info.add_metric([str(pool.block_size), str(pool.num_blocks), str(pool.kv_cache_dtype)], 1.0)
         yield info
         prefix_cache = status.prefix_cache
         yield _gauge(

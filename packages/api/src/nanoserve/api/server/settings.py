@@ -12,7 +12,10 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
+import torch
+
 from nanoserve.api.kv_events.config import KVEventsConfig
+from nanoserve.core.kv_cache_dtype import KvCacheDtypeError, parse_kv_cache_dtype
 from nanoserve.runtime import (
     SERVER_DEFAULTS,
     TASKS,
@@ -69,6 +72,16 @@ def parse_task(text: str) -> str:
 def parse_threads(text: str) -> int | str:
     """'auto' (the CPUs this process may run on) or a positive number of threads."""
     return _word_or_count(text, ("auto",), "threads", "a server needs at least 1 thread")
+
+
+def parse_kv_cache_dtype_flag(text: str) -> str:
+    """A --kv-cache-dtype as EngineConfig takes it, its words checked here (what `auto` is,
+    and whether the model can read blocks, the engine decides)."""
+    try:
+        parse_kv_cache_dtype(text, torch.float16)
+    except KvCacheDtypeError as error:
+        raise EngineConfigError(str(error).removeprefix("--kv-cache-dtype").lstrip(": ")) from None
+    return str(text).strip().lower()
 
 
 def parse_checkpoints(text: str) -> int | str:
@@ -159,6 +172,14 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option("--block-size", "block_size", int, "K/V slots per block (default 16)"),
     Option("--kv-budget", "kv_budget_bytes", parse_bytes, "bytes for the K/V pool (default 1GiB)"),
+    Option(
+        "--kv-cache-dtype",
+        "kv_cache_dtype",
+        parse_kv_cache_dtype_flag,
+        "how the K/V pool stores values: auto (float16 under nanoserve's CPU kernels, else the"
+        " model dtype), float32, bfloat16, float16, q8_0 or q4_0 (GGUF blocks, as llama.cpp's"
+        " -ctk/-ctv; on the CPU kernels), or k=q8_0,v=q4_0",
+    ),
     Option("--max-waiting", "max_waiting", int, "bounded waiting queue; beyond it, 429"),
     Option("--width-multiple", "width_multiple", int, "width bucket step (default 64)"),
     Option("--warm-max-rows", "warm_max_rows", int, "warm list: largest row bucket"),

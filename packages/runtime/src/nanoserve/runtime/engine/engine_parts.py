@@ -60,7 +60,9 @@ def build_parts(
 ) -> EngineParts:
     # A hybrid's recurrent state (a slot per running sequence, its prefix cache's
     # checkpoints, the sink) comes out of the K/V budget first.
-    memory = plan_memory(model.config, config, model.kv_dtype)
+    if config.kv_cache_dtype is not None:
+        model.use_kv_cache_dtype(config.kv_cache_dtype)
+    memory = plan_memory(model.config, config, model.kv_cache_dtype)
     if model.device.type == "cpu":
         keep_freed_memory()
     pool = KVPool(memory.kv, model.device, StatePool(memory.state, model.device))

@@ -8,6 +8,8 @@ arguments itself (`op_checks.h`) and raises a RuntimeError naming the bad one.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 _ops = torch.ops.nanoserve  # resolved per call: the library may load after this import
@@ -60,10 +62,12 @@ def rope_write_kv(
     kv: torch.Tensor,
     slots: torch.Tensor,
     heads: int,
+    kv_types: Sequence[int] = (),
 ) -> None:
     """Rotary on q and k of qkv in place (the first cos.shape[1] dimensions of each head: all,
-    or a partial rotary's), and k and v written to the pool at slots."""
-    _ops.rope_write_kv(qkv, positions, cos, sin, kv, slots, heads)
+    or a partial rotary's), and k and v written to the pool at slots. kv_types: () for a float
+    pool, else K's and V's block forms (core/kv_cache_dtype.py), rounded as ggml rounds them."""
+    _ops.rope_write_kv(qkv, positions, cos, sin, kv, slots, heads, list(kv_types))
 
 
 def paged_attention(
@@ -75,11 +79,15 @@ def paged_attention(
     scale: float,
     heads: int,
     window: int = 0,
+    kv_types: Sequence[int] = (),
 ) -> torch.Tensor:
     """Each token's attention over its first context_lens slots of its rectangle row
     (rect_rows picks the row of a prompt token; None: token i reads row i). window > 0: only
-    the last `window` of them, itself included (a sliding-window layer)."""
-    return _ops.paged_attention(q, kv, rect, rect_rows, context_lens, scale, heads, window)
+    the last `window` of them, itself included (a sliding-window layer). kv_types: as
+    rope_write_kv's."""
+    return _ops.paged_attention(
+        q, kv, rect, rect_rows, context_lens, scale, heads, window, list(kv_types)
+    )
 
 
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:

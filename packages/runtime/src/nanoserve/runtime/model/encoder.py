@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from nanoserve.core import DecodePlan, PrefillPlan, StepFootprint
+from nanoserve.core.kv_cache_dtype import KvCacheDtype
 from nanoserve.runtime.errors import QuantizationError
 from nanoserve.runtime.loading.checkpoint import Checkpoint
 from nanoserve.runtime.loading.encoder_layers import EncoderLayers
@@ -91,6 +92,7 @@ class EncoderModel:
         prepare_kernels(config, quantize, self.device)
         self.batch_invariant = batch_invariant
         self.kv_dtype = dtype  # no K/V is kept; the pool plan's element type only
+        self.kv_cache_dtype = KvCacheDtype.of(dtype)
         self.accum_dtype = dtype
         self.sep_token_id = self.encoder.sep_token_id or sep_token_id
         self.kernels = linear_kernels(quantize, dtype, self.device)
@@ -168,6 +170,10 @@ class EncoderModel:
         cls, config: ModelConfig, tensors: Iterable[tuple[str, Source]], **kwargs: object
     ) -> EncoderModel:
         return cls(config, dict(tensors), **kwargs)  # type: ignore[arg-type]
+
+    def use_kv_cache_dtype(self, kv: KvCacheDtype) -> None:
+        """An encoder keeps no K/V: any form is as good as none."""
+        self.kv_cache_dtype, self.kv_dtype = kv, kv.torch_dtype
 
     def quant_weights(self) -> list[QuantWeight]:
         linears = [w for layer in self.layers for w in (layer.qkv, layer.o, layer.up, layer.down)]

@@ -50,6 +50,23 @@ class KVPool:
         return self.states.plan.sink
 
     @property
+    def blocks(self) -> bool:
+        """The pool keeps GGUF blocks (`--kv-cache-dtype q8_0|q4_0`): only the kernels read it."""
+        return self.plan.kv_cache_dtype.blocks
+
+    @property
+    def kernel_types(self) -> tuple[int, ...]:
+        """The kernels' `kv_types` for this pool: () for float values."""
+        return self.plan.kv_cache_dtype.kernel_types
+
+    def _check_floats(self, what: str) -> None:
+        if self.blocks:
+            raise GeometryError(
+                f"{what} reads float K/V; this pool keeps {self.plan.kv_cache_dtype} blocks,"
+                " which only nanoserve's CPU kernels read"
+            )
+
+    @property
     def resident(self) -> bool:
         return all(layer is not None for layer in self._layers)
 
@@ -60,8 +77,13 @@ class KVPool:
     def _ensure_pool(self, layer: int) -> torch.Tensor:
         pool = self._layers[layer]
         if pool is None:
-            shape = (2, self.plan.num_slots + 1, self.plan.num_kv_heads, self.plan.head_dim)
-            pool = zeroed(shape, self.plan.dtype, self.device)
+            plan = self.plan
+            shape = (
+                (plan.num_slots + 1, plan.num_kv_heads, plan.row_bytes)
+                if self.blocks
+                else (2, plan.num_slots + 1, plan.num_kv_heads, plan.head_dim)
+            )
+            pool = zeroed(shape, plan.dtype, self.device)
             self._layers[layer] = pool
         return pool
 
@@ -72,6 +94,7 @@ class KVPool:
         k: torch.Tensor,  # [tokens, kv_heads, head_dim]
         v: torch.Tensor,  # [tokens, kv_heads, head_dim]
     ) -> None:
+        self._check_floats("a K/V write in torch")
         pool = self._ensure_pool(layer)
         pool.index_copy_(1, slots, torch.stack((k, v)).to(pool.dtype))
 
@@ -85,17 +108,22 @@ class KVPool:
                 self._ensure_pool(layer).mul_(1)
 
     def storage(self, layer: int) -> torch.Tensor:
-        """A layer's whole K/V tensor, [2, num_slots + 1, kv_heads, head_dim]: what a kernel
-        that writes and reads the pool in place takes."""
+        """A layer's whole K/V tensor, [2, num_slots + 1, kv_heads, head_dim] (or, of blocks,
+        uint8 [num_slots + 1, kv_heads, row bytes]): what a kernel that writes and reads the
+        pool in place takes, with `kernel_types`."""
         return self._ensure_pool(layer)
 
     def layer(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(k_pool, v_pool) of a layer, each [num_slots + 1, kv_heads, head_dim]."""
+        self._check_floats("torch's paged attention")
         pool = self._ensure_pool(layer)
         return pool[0], pool[1]
 
     def pools(self) -> list[torch.Tensor]:
-        """Every resident layer's K and V, each [num_slots + 1, kv_heads, head_dim]."""
+        """Every resident layer's K and V, each [num_slots + 1, kv_heads, head_dim] (a pool of
+        blocks: each layer's bytes, whole)."""
+        if self.blocks:
+            return [t for t in self._layers if t is not None]
         return [kv for t in self._layers if t is not None for kv in (t[0], t[1])]
 
     def snapshot(self) -> list[torch.Tensor]:
@@ -141,6 +169,10 @@ class CacheRows:
     ) -> None:
         self._check(plan.seq_ids)
         self.pool.write(layer, plan.write_slots, k, v)
+
+    @property
+    def kernel_types(self) -> tuple[int, ...]:
+        return self.pool.kernel_types
 
     def storage(self, layer: int, plan: DecodePlan | PrefillPlan) -> torch.Tensor:
         """The layer's K/V tensor for a kernel that reads and writes it in place for `plan`."""

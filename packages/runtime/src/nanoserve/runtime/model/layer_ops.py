@@ -229,8 +229,10 @@ class CpuKernelOps:
             self.ops.head_rms_norm(qkv, *qk_norms, cfg.num_heads, cfg.num_kv_heads, self.eps)
         rotary = rotary or self.identity
         assert rotary is not None  # a layer without rotary exists only where identity does
-        kv = cache.storage(layer, plan)  # [2, slots + 1, kv_heads, head_dim]
-        self.ops.rope_write_kv(qkv, plan.positions, *rotary, kv, plan.write_slots, cfg.num_heads)
+        kv = cache.storage(layer, plan)  # [2, slots + 1, kv_heads, head_dim], or blocks
+        self.ops.rope_write_kv(
+            qkv, plan.positions, *rotary, kv, plan.write_slots, cfg.num_heads, cache.kernel_types
+        )
         return qkv[:, : cfg.q_size]  # a view: rows keep qkv's stride
 
     def rotate(
@@ -253,11 +255,11 @@ class CpuKernelOps:
     def attention(
         self, q: torch.Tensor, plan: Plan, cache: CacheRows, layer: int, window: int | None
     ) -> torch.Tensor:
-        kv = cache.storage(layer, plan)
+        kv, types = cache.storage(layer, plan), cache.kernel_types
         heads, window = self.config.num_heads, window or 0
         if isinstance(plan, DecodePlan):
             return self.ops.paged_attention(
-                q, kv, plan.slot_rect, None, plan.context_lens, self.scale, heads, window
+                q, kv, plan.slot_rect, None, plan.context_lens, self.scale, heads, window, types
             )
         # A prompt token attends like a decode row at its own position: its chunk's rectangle
         # row, position + 1 slots (the causal mask is the length).
@@ -270,6 +272,7 @@ class CpuKernelOps:
             self.scale,
             heads,
             window,
+            types,
         )
 
     def gated_act(self, gate_up: torch.Tensor) -> torch.Tensor:

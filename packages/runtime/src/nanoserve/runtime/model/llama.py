@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from nanoserve.core import DecodePlan, PrefillPlan, StepFootprint, last_tokens
+from nanoserve.core.kv_cache_dtype import KvCacheDtype, check_kv_form
 from nanoserve.runtime.loading.checkpoint import (
     Checkpoint,
     expected_tensor_shapes,
@@ -134,6 +135,7 @@ class LlamaModel:
         # (teacher-forced on Qwen2.5-0.5B: mean |dlogit| 0.044 with a bf16 pool, 0.041 fp32).
         small_dtype = torch.float32 if kernel_ops else dtype
         self.kv_dtype = torch.float16 if kernel_ops else dtype
+        self.kv_cache_dtype = KvCacheDtype.of(self.kv_dtype)  # use_kv_cache_dtype changes it
 
         assembled = assemble_weights(
             config,
@@ -226,6 +228,12 @@ class LlamaModel:
             for name, shape in weight_shapes(config).items()
         }
         return cls(config, weights, dtype=dtype, device=device, **kwargs)  # type: ignore[arg-type]
+
+    def use_kv_cache_dtype(self, kv: KvCacheDtype) -> None:
+        """Keep K/V in another form (`--kv-cache-dtype`); blocks only under the kernels."""
+        check_kv_form(kv, kernels=self.ops.name == "nanoserve", device=str(self.device),
+                      head_dim=self.config.head_dim)  # fmt: skip
+        self.kv_cache_dtype, self.kv_dtype = kv, kv.torch_dtype
 
     # -- pieces ---------------------------------------------------------------------------
 

@@ -181,8 +181,8 @@ def _build_engine(
     else:
         say(
             f"planned K/V pool: {engine.pool_plan.num_blocks} blocks of {resolved.block_size}"
-            f" ({engine.pool_plan.total_bytes / 2**20:.0f} MiB) for"
-            f" {resolved.max_model_len}-token contexts"
+            f" ({engine.pool_plan.total_bytes / 2**20:.0f} MiB, {engine.pool_plan.kv_cache_dtype}"
+            f" K/V) for {resolved.max_model_len}-token contexts"
         )
     if (state := engine.state_plan).tensors:
         running = state.num_slots - state.checkpoint_slots

@@ -10,6 +10,7 @@ import torch
 
 from nanoserve.core import PrefillBudget
 from nanoserve.core.errors import NanoserveError
+from nanoserve.core.kv_cache_dtype import KvCacheDtype, KvCacheDtypeError, parse_kv_cache_dtype
 from nanoserve.core.state_checkpoints import DEFAULT_INTERVAL_BLOCKS
 from nanoserve.runtime.engine.config.speculative_config import SpeculativeConfig
 from nanoserve.runtime.kernels.cpu_features import auto_dtype
@@ -139,6 +140,9 @@ class EngineConfig:
     # What the model serves: auto (what its files say: loading/pooler_config.py), generate,
     # embed (pooled embeddings) or rerank (scores of query/document pairs)
     task: str = AUTO
+    # How the K/V pool stores values (core/kv_cache_dtype.py): auto (float16 under nanoserve's
+    # kernels, else the model dtype), float32, bfloat16, float16, q8_0, q4_0 or k=<form>,v=<form>
+    kv_cache_dtype: str = AUTO
 
     def __post_init__(self) -> None:
         """Refuse what no model could make possible; change nothing (resolve() decides)."""
@@ -194,6 +198,15 @@ class EngineConfig:
             and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1)
         ):
             raise EngineConfigError(f"threads must be a positive integer or auto, got {threads!r}")
+        try:
+            kv = parse_kv_cache_dtype(self.kv_cache_dtype, torch.float16)
+        except KvCacheDtypeError as error:
+            raise EngineConfigError(str(error)) from None
+        if kv.blocks and self.device.startswith("cuda"):
+            raise EngineConfigError(
+                f"--kv-cache-dtype {kv}: K/V blocks are read by nanoserve's CPU kernels only;"
+                " on a CUDA device choose auto, float16, bfloat16 or float32"
+            )
         if self.task not in TASKS:
             raise EngineConfigError(f"task must be one of {', '.join(TASKS)}, got {self.task!r}")
         for name in ("max_model_len", "warm_max_rows", "warm_max_width", "max_waiting"):
@@ -260,7 +273,21 @@ class EngineConfig:
             speculative=self.speculative,
             threads=resolve_threads(self.threads),
             task=self.task,
+            kv_cache_dtype=self._kv_cache_dtype(quantize),
         )
+
+    def _kv_cache_dtype(self, quantize: str | None) -> KvCacheDtype | None:
+        if self.kv_cache_dtype.strip().lower() in ("", AUTO):
+            return None
+        kv = parse_kv_cache_dtype(self.kv_cache_dtype, torch.float16)
+        kernels = quantize in KERNEL_FORMS
+        if kv.blocks and not kernels:
+            raise EngineConfigError(
+                f"--kv-cache-dtype {kv}: K/V blocks are read by nanoserve's CPU kernels only, and"
+                " this model's weights are served dense (--quantize none, or a file with no"
+                " blocks); choose auto, float16, bfloat16 or float32"
+            )
+        return kv
 
     def as_dict(self) -> dict[str, object]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -299,6 +326,7 @@ class ResolvedConfig:
     speculative: SpeculativeConfig | None  # None: no speculation
     threads: int  # the kernels' and torch's intra-op threads
     task: str  # auto, generate, embed or rerank: the engine's pooler decides "auto"
+    kv_cache_dtype: KvCacheDtype | None = None  # None: the model's own (float16 on the kernels)
 
     @property
     def torch_dtype(self) -> torch.dtype:

@@ -13,9 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-
 from nanoserve.core import KVPoolPlan, PoolBudgetError, plan_kv_pool
+from nanoserve.core.kv_cache_dtype import KvCacheDtype
 from nanoserve.core.state_checkpoints import CheckpointRule, auto_checkpoints
 from nanoserve.core.state_pool_plan import StatePoolPlan
 from nanoserve.runtime.engine.config.engine_config import ResolvedConfig
@@ -35,7 +34,7 @@ class MemoryPlan:
         return self.state.total_bytes + self.kv.total_bytes
 
 
-def plan_memory(cfg: ModelConfig, config: ResolvedConfig, kv_dtype: torch.dtype) -> MemoryPlan:
+def plan_memory(cfg: ModelConfig, config: ResolvedConfig, kv_dtype: KvCacheDtype) -> MemoryPlan:
     running = StatePoolPlan(config.max_batch, cfg.state_shapes)
     caching = config.enable_prefix_cache
     checkpoints = 0
@@ -56,15 +55,18 @@ def plan_memory(cfg: ModelConfig, config: ResolvedConfig, kv_dtype: torch.dtype)
         )
     if not cfg.attention_layers:  # an encoder keeps no K/V: its blocks count positions only
         blocks = config.max_batch * -(-config.max_model_len // config.block_size)
-        kv = KVPoolPlan(0, cfg.num_kv_heads, cfg.head_dim, kv_dtype, config.block_size, blocks)
+        kv = KVPoolPlan(
+            0, cfg.num_kv_heads, cfg.head_dim, kv_dtype.torch_dtype, config.block_size, blocks
+        )
         return MemoryPlan(state, kv, None, False)
     kv = plan_kv_pool(
         num_layers=len(cfg.attention_layers),
         num_kv_heads=cfg.num_kv_heads,
         head_dim=cfg.head_dim,
-        dtype=kv_dtype,
+        dtype=kv_dtype.torch_dtype,
         block_size=config.block_size,
         budget_bytes=config.kv_budget_bytes - state.total_bytes,
+        forms=kv_dtype,
     )
     rule = (
         CheckpointRule(config.block_size, config.state_checkpoint_interval) if checkpoints else None

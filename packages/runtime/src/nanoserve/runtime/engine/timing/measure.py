@@ -28,7 +28,8 @@ def scratch_pool(model: LlamaModel, block_size: int = 1) -> KVPool:
     timed forward writes."""
     cfg = model.config
     layers = len(cfg.attention_layers)
-    plan = KVPoolPlan(layers, cfg.num_kv_heads, cfg.head_dim, model.kv_dtype, block_size, 1)
+    kv = model.kv_cache_dtype
+    plan = KVPoolPlan(layers, cfg.num_kv_heads, cfg.head_dim, kv.torch_dtype, block_size, 1, kv)
     return KVPool(plan, model.device, StatePool(StatePoolPlan(0, cfg.state_shapes), model.device))
 
 

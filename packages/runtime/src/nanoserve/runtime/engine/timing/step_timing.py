@@ -117,7 +117,12 @@ def timing_key(model: LlamaModel, rows: int, chunk: int) -> dict[str, object] | 
     kernels = load_cpu_kernels() if model.quantize in KERNEL_FORMS else None
     return {
         "weights": weights,
-        "forms": [str(model.dtype), model.quantize, str(model.kv_dtype), model.batch_invariant],
+        "forms": [
+            str(model.dtype),
+            model.quantize,
+            str(model.kv_cache_dtype),
+            model.batch_invariant,
+        ],
         "cpu": [features.model, features.capability, flags],
         "kernels": [kernels.isa, kernels.library.parent.name] if kernels else None,
         "code": code_digest(),

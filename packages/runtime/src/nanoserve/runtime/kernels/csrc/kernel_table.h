@@ -14,7 +14,9 @@ namespace nanoserve {
 
 // How the K/V pool stores a value: float32, bfloat16 (torch's rounding) or float16 (IEEE half,
 // llama.cpp's default cache type: 11 significant bits against bf16's 8).
-enum class KvType : int32_t { kF32 = 0, kBF16 = 1, kF16 = 2 };
+// How a pool row (one slot's K or V of one head) is stored: float values, or GGUF blocks of 32
+// (kv_blocks.h). The numbers are the Python side's (core/kv_cache_dtype.py).
+enum class KvType : int32_t { kF32 = 0, kBF16 = 1, kF16 = 2, kQ8_0 = 3, kQ4_0 = 4 };
 
 // Activations quantized per row in groups of 32, as the linears read them.
 struct QuantizedRows {
@@ -40,8 +42,12 @@ using LinearKernel = void (*)(const LinearArgs& a, int64_t b0, int64_t b1);
 struct AttentionArgs {
   const float* q;               // [tokens, heads * head_dim], row stride q_stride
   int64_t q_stride;
-  const void* k;                // [slots + 1, kv_heads, head_dim] of `kv`
-  const void* v;
+  // The row of (slot, kv head) starts at k + (slot * kv_heads + head) * row_bytes, and so for v:
+  // a float pool [2, slots + 1, kv_heads, head_dim] has V past all of K, a block pool
+  // [slots + 1, kv_heads, K bytes + V bytes] each V right after its K.
+  const uint8_t* k;
+  const uint8_t* v;
+  int64_t row_bytes;
   const int64_t* rect;          // [rect rows, width], row stride rect_stride
   int64_t rect_stride;
   const int64_t* rect_rows;     // [tokens]: the rectangle row of each token; null: token t -> t
@@ -50,7 +56,7 @@ struct AttentionArgs {
   int64_t num_slots;            // slots + 1 entries exist (the last is the sink)
   int64_t heads, kv_heads, head_dim;
   float scale;
-  KvType kv;
+  KvType k_type, v_type;
   int64_t window;               // > 0: a token sees only its last `window` slots (sliding layers)
 };
 
@@ -60,11 +66,13 @@ struct RopeArgs {
   const int64_t* positions;     // [tokens]
   const float* cos;             // [positions, rot_dim]: the first rot_dim of a head turn
   const float* sin;
-  void* kv;                     // [2, slots + 1, kv_heads, head_dim]: K then V
+  uint8_t* k;                   // the pool's rows, addressed as AttentionArgs' are
+  uint8_t* v;
+  int64_t row_bytes;
   const int64_t* slots;         // [tokens]: where each token's K/V go
   int64_t num_slots;            // slots + 1
   int64_t heads, kv_heads, head_dim;
-  KvType kv_type;
+  KvType k_type, v_type;
   int64_t rot_dim;              // dimensions rotary turns (head_dim, or fewer: partial rotary)
 };
 

@@ -143,19 +143,14 @@ LinearKernel linear_kernel(int64_t ggml) {
 
 // -- paged attention ---------------------------------------------------------------------
 
-template <KvType KV>
-inline F16 load_kv(const void* base, int64_t at) {
-  if constexpr (KV == KvType::kBF16) return f_load_bf16(static_cast<const uint16_t*>(base) + at);
-  else if constexpr (KV == KvType::kF16) return f_load_f16(static_cast<const uint16_t*>(base) + at);
-  else return f_load(static_cast<const float*>(base) + at);
-}
+#include "kv_blocks.h"
 
 // One (token, kv head): its query heads over the token's visible slots, read in place.
 // C is head_dim / 16 when known at compile time (the accumulators then live in registers),
 // else 0. K is converted once per block of 16 positions into `kbuf`, and the block's 16 scores
 // of a head are reduced together (f_hsum16: the same tree as f_hsum); each V row is read once
 // for up to 4 query heads. Scratch: group * (n + 16) scores, then 16 * head_dim for kbuf.
-template <int C, KvType KV>
+template <int C, KvType KT, KvType VT>
 bool attend(const AttentionArgs& a, int64_t token, int64_t kv_head, float* scratch) {
   const int64_t group = a.heads / a.kv_heads, dim = a.head_dim;
   const int64_t chunks = C ? C : dim / 16;
@@ -164,7 +159,7 @@ bool attend(const AttentionArgs& a, int64_t token, int64_t kv_head, float* scrat
   const int64_t lo = a.window > 0 && n > a.window ? n - a.window : 0;
   const int64_t first = lo / 16 * 16;  // blocks of 16 start here; positions below lo weigh 0
   const int64_t* slots = a.rect + (a.rect_rows ? a.rect_rows[token] : token) * a.rect_stride;
-  const int64_t slot_stride = a.kv_heads * dim, head_at = kv_head * dim;
+
   float* out = a.out + token * a.heads * dim + kv_head * group * dim;
   if (n <= 0) {  // a padded row: nothing visible, zeros out
     for (int64_t i = 0; i < group * dim; ++i) out[i] = 0.f;
@@ -179,8 +174,9 @@ bool attend(const AttentionArgs& a, int64_t token, int64_t kv_head, float* scrat
   // Scores, 16 positions at a time (positions outside [lo, n) read a visible slot and are dropped).
   for (int64_t p0 = first; p0 < padded; p0 += 16) {
     for (int64_t i = 0; i < 16; ++i) {
-      const int64_t at = slots[p0 + i < n && p0 + i >= lo ? p0 + i : lo] * slot_stride + head_at;
-      for (int64_t c = 0; c < chunks; ++c) f_store(kbuf + i * dim + 16 * c, load_kv<KV>(a.k, at + 16 * c));
+      const int64_t slot = slots[p0 + i < n && p0 + i >= lo ? p0 + i : lo];
+      const uint8_t* row = a.k + (slot * a.kv_heads + kv_head) * a.row_bytes;
+      for (int64_t c = 0; c < chunks; ++c) f_store(kbuf + i * dim + 16 * c, load_kv<KT>(row, c));
     }
     for (int64_t h = 0; h < group; ++h) {
       const float* q = q0 + h * dim;
@@ -226,9 +222,9 @@ bool attend(const AttentionArgs& a, int64_t token, int64_t kv_head, float* scrat
     for (int64_t h = 0; h < heads; ++h)
       for (int64_t c = 0; c < chunks; ++c) acc[h][c] = f_zero();
     for (int64_t p = lo; p < n; ++p) {
-      const int64_t at = slots[p] * slot_stride + head_at;
+      const uint8_t* row = a.v + (slots[p] * a.kv_heads + kv_head) * a.row_bytes;
       F16 v[C ? C : 16];
-      for (int64_t c = 0; c < chunks; ++c) v[c] = load_kv<KV>(a.v, at + 16 * c);
+      for (int64_t c = 0; c < chunks; ++c) v[c] = load_kv<VT>(row, c);
       for (int64_t h = 0; h < heads; ++h) {
         const F16 weight = f_set1(scratch[(h0 + h) * padded + p]);
         for (int64_t c = 0; c < chunks; ++c) acc[h][c] = f_fma(weight, v[c], acc[h][c]);
@@ -241,26 +237,33 @@ bool attend(const AttentionArgs& a, int64_t token, int64_t kv_head, float* scrat
   return true;
 }
 
-template <int C, KvType KV>
+template <int C, KvType KT, KvType VT>
 bool attend_tasks(const AttentionArgs& a, int64_t t0, int64_t t1, float* scratch) {
   for (int64_t task = t0; task < t1; ++task)
-    if (!attend<C, KV>(a, task / a.kv_heads, task % a.kv_heads, scratch)) return false;
+    if (!attend<C, KT, VT>(a, task / a.kv_heads, task % a.kv_heads, scratch)) return false;
   return true;
 }
 
-template <KvType KV>
+template <KvType KT, KvType VT>
 bool attention_of(const AttentionArgs& a, int64_t t0, int64_t t1, float* scratch) {
   const int64_t chunks = a.head_dim / 16;
-  if (chunks == 4) return attend_tasks<4, KV>(a, t0, t1, scratch);
-  if (chunks == 8) return attend_tasks<8, KV>(a, t0, t1, scratch);
-  return attend_tasks<0, KV>(a, t0, t1, scratch);
+  if (chunks == 4) return attend_tasks<4, KT, VT>(a, t0, t1, scratch);
+  if (chunks == 8) return attend_tasks<8, KT, VT>(a, t0, t1, scratch);
+  return attend_tasks<0, KT, VT>(a, t0, t1, scratch);
 }
 
+// The pairs a pool holds: one float form for both, or blocks for each (library.cpp checks).
 bool attention(const AttentionArgs& a, int64_t t0, int64_t t1, float* scratch) {
-  switch (a.kv) {
-    case KvType::kBF16: return attention_of<KvType::kBF16>(a, t0, t1, scratch);
-    case KvType::kF16: return attention_of<KvType::kF16>(a, t0, t1, scratch);
-    default: return attention_of<KvType::kF32>(a, t0, t1, scratch);
+  using enum KvType;
+  const auto pair = [&](KvType k, KvType v) { return a.k_type == k && a.v_type == v; };
+  if (pair(kQ8_0, kQ8_0)) return attention_of<kQ8_0, kQ8_0>(a, t0, t1, scratch);
+  if (pair(kQ8_0, kQ4_0)) return attention_of<kQ8_0, kQ4_0>(a, t0, t1, scratch);
+  if (pair(kQ4_0, kQ8_0)) return attention_of<kQ4_0, kQ8_0>(a, t0, t1, scratch);
+  if (pair(kQ4_0, kQ4_0)) return attention_of<kQ4_0, kQ4_0>(a, t0, t1, scratch);
+  switch (a.k_type) {
+    case kBF16: return attention_of<kBF16, kBF16>(a, t0, t1, scratch);
+    case kF16: return attention_of<kF16, kF16>(a, t0, t1, scratch);
+    default: return attention_of<kF32, kF32>(a, t0, t1, scratch);
   }
 }
 
@@ -283,17 +286,8 @@ inline void rotate(float* x, const float* cos, const float* sin, int64_t dim) {
   }
 }
 
-inline void store_kv(void* base, int64_t at, const float* src, int64_t dim, KvType kv) {
-  for (int64_t c = 0; c < dim; c += 16) {
-    if (kv == KvType::kBF16) f_store_bf16(static_cast<uint16_t*>(base) + at + c, f_load(src + c));
-    else if (kv == KvType::kF16) f_store_f16(static_cast<uint16_t*>(base) + at + c, f_load(src + c));
-    else f_store(static_cast<float*>(base) + at + c, f_load(src + c));
-  }
-}
-
 bool rope_write_kv(const RopeArgs& a, int64_t t0, int64_t t1) {
-  const int64_t dim = a.head_dim, kv_width = a.kv_heads * dim;
-  const int64_t v_base = a.num_slots * kv_width;  // V follows K in the pool
+  const int64_t dim = a.head_dim;
   for (int64_t t = t0; t < t1; ++t) {
     const int64_t slot = a.slots[t];
     if (slot < 0 || slot >= a.num_slots) return false;
@@ -303,8 +297,11 @@ bool rope_write_kv(const RopeArgs& a, int64_t t0, int64_t t1) {
     const float* sin = a.sin + a.positions[t] * a.rot_dim;
     for (int64_t h = 0; h < a.heads + a.kv_heads; ++h) rotate(row + h * dim, cos, sin, a.rot_dim);
     const float* k = row + a.heads * dim;
-    store_kv(a.kv, slot * kv_width, k, kv_width, a.kv_type);
-    store_kv(a.kv, v_base + slot * kv_width, k + kv_width, kv_width, a.kv_type);
+    for (int64_t h = 0; h < a.kv_heads; ++h) {
+      const int64_t at = (slot * a.kv_heads + h) * a.row_bytes;
+      store_kv(a.k + at, k + h * dim, dim, a.k_type);
+      store_kv(a.v + at, k + (a.kv_heads + h) * dim, dim, a.v_type);
+    }
   }
   return true;
 }

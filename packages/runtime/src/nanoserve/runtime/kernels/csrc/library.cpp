@@ -46,19 +46,45 @@ const KernelTable* active_table() { return table(); }
 
 namespace {
 
-// [2, slots + 1, kv_heads, head_dim] float32, bfloat16 or float16.
-void check_pool(const at::Tensor& kv) {
-  const auto type = kv.scalar_type();
-  TORCH_CHECK(kv.dim() == 4 && kv.size(0) == 2 && kv.is_contiguous() &&
-                  (type == at::kFloat || type == at::kBFloat16 || type == at::kHalf),
-              "the K/V pool must be a contiguous [2, slots + 1, kv_heads, head_dim] float32, "
-              "bfloat16 or float16 tensor, got ", kv.sizes(), " ", kv.scalar_type());
-  TORCH_CHECK(kv.size(3) % 16 == 0, "head_dim ", kv.size(3), " is not a multiple of 16");
-}
+// A layer's K/V pool as the kernels address it (kernel_table.h): where K's and V's rows start,
+// the bytes from one (slot, head) row to the next, and how each is stored.
+struct PoolView {
+  uint8_t* k;
+  uint8_t* v;
+  int64_t row_bytes, num_slots, kv_heads, head_dim;
+  KvType k_type, v_type;
+};
 
-KvType kv_type(const at::Tensor& kv) {
-  if (kv.scalar_type() == at::kBFloat16) return KvType::kBF16;
-  return kv.scalar_type() == at::kHalf ? KvType::kF16 : KvType::kF32;
+int64_t block_bytes(int64_t type) { return type == int64_t(KvType::kQ8_0) ? 34 : 18; }
+
+// kv_types empty: a float pool, [2, slots + 1, kv_heads, head_dim] float32, bfloat16 or float16.
+// [k, v] (q8_0 = 3, q4_0 = 4): a block pool, uint8 [slots + 1, kv_heads, K bytes + V bytes],
+// each row's K blocks then its V blocks (kv_blocks.h).
+PoolView pool_view(const at::Tensor& kv, at::IntArrayRef kv_types) {
+  TORCH_CHECK(kv.is_contiguous(), "the K/V pool must be contiguous");
+  uint8_t* base = static_cast<uint8_t*>(kv.data_ptr());
+  if (kv_types.empty()) {
+    const auto type = kv.scalar_type();
+    TORCH_CHECK(kv.dim() == 4 && kv.size(0) == 2 &&
+                    (type == at::kFloat || type == at::kBFloat16 || type == at::kHalf),
+                "a float K/V pool must be a contiguous [2, slots + 1, kv_heads, head_dim] float32, "
+                "bfloat16 or float16 tensor, got ", kv.sizes(), " ", kv.scalar_type());
+    const int64_t dim = kv.size(3), row = dim * kv.element_size();
+    TORCH_CHECK(dim % 16 == 0, "head_dim ", dim, " is not a multiple of 16");
+    const KvType form = type == at::kBFloat16 ? KvType::kBF16 : type == at::kHalf ? KvType::kF16 : KvType::kF32;
+    return {base, base + kv.size(1) * kv.size(2) * row, row, kv.size(1), kv.size(2), dim, form, form};
+  }
+  TORCH_CHECK(kv_types.size() == 2, "kv_types names K's form and V's, got ", kv_types.size());
+  for (const int64_t t : kv_types)
+    TORCH_CHECK(t == int64_t(KvType::kQ8_0) || t == int64_t(KvType::kQ4_0),
+                "a block K/V pool stores q8_0 (3) or q4_0 (4) blocks, got ", t);
+  const int64_t pair = block_bytes(kv_types[0]) + block_bytes(kv_types[1]);
+  TORCH_CHECK(kv.scalar_type() == at::kByte && kv.dim() == 3 && kv.size(2) % pair == 0,
+              "a block K/V pool must be uint8 [slots + 1, kv_heads, K bytes + V bytes] of whole "
+              "blocks (", pair, " bytes per 32 values), got ", kv.sizes(), " ", kv.scalar_type());
+  const int64_t blocks = kv.size(2) / pair;
+  return {base, base + blocks * block_bytes(kv_types[0]), kv.size(2), kv.size(0), kv.size(1),
+          32 * blocks, KvType(kv_types[0]), KvType(kv_types[1])};
 }
 
 // -- attention -----------------------------------------------------------------------------
@@ -66,9 +92,9 @@ KvType kv_type(const at::Tensor& kv) {
 at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& kv, const at::Tensor& rect,
                            const std::optional<at::Tensor>& rect_rows,
                            const at::Tensor& context_lens, double scale, int64_t heads,
-                           int64_t window) {
-  check_pool(kv);
-  const int64_t kv_heads = kv.size(2), dim = kv.size(3), tokens = q.size(0);
+                           int64_t window, at::IntArrayRef kv_types) {
+  const PoolView pool = pool_view(kv, kv_types);
+  const int64_t kv_heads = pool.kv_heads, dim = pool.head_dim, tokens = q.size(0);
   TORCH_CHECK(heads > 0 && heads % kv_heads == 0 && heads / kv_heads <= 128, heads,
               " query heads do not group over ", kv_heads, " K/V heads (at most 128 each)");
   TORCH_CHECK(q.scalar_type() == at::kFloat && q.dim() == 2 && q.stride(1) == 1 &&
@@ -92,12 +118,10 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& kv, const at::
                 " names rectangle row ", rows ? rows[t] : 0, " of ", rect.size(0));
   }
   at::Tensor out = at::empty({tokens, heads * dim}, q.options());
-  const int64_t element = kv.element_size();
-  const char* base = static_cast<const char*>(kv.data_ptr());
-  const AttentionArgs args{q.data_ptr<float>(), q.stride(0), base,
-                           base + kv.size(1) * kv_heads * dim * element, rect.data_ptr<int64_t>(),
-                           rect.stride(0), rows, lens, out.data_ptr<float>(), kv.size(1), heads,
-                           kv_heads, dim, static_cast<float>(scale), kv_type(kv),
+  const AttentionArgs args{q.data_ptr<float>(), q.stride(0), pool.k, pool.v, pool.row_bytes,
+                           rect.data_ptr<int64_t>(), rect.stride(0), rows, lens,
+                           out.data_ptr<float>(), pool.num_slots, heads, kv_heads, dim,
+                           static_cast<float>(scale), pool.k_type, pool.v_type,
                            window > 0 ? window : 0};
   const int64_t group = heads / kv_heads, width = rect.size(1);
   std::atomic<bool> ok{true};
@@ -109,7 +133,7 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& kv, const at::
     if (scratch.size() < floats) scratch.resize(floats);
     if (!t->attention(args, t0, t1, scratch.data())) ok = false;
   });
-  TORCH_CHECK(ok.load(), "a slot in the rectangle is outside the K/V pool of ", kv.size(1), " slots");
+  TORCH_CHECK(ok.load(), "a slot in the rectangle is outside the K/V pool of ", pool.num_slots, " slots");
   return out;
 }
 
@@ -117,9 +141,9 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& kv, const at::
 
 void rope_write_kv(const at::Tensor& qkv, const at::Tensor& positions, const at::Tensor& cos,
                    const at::Tensor& sin, const at::Tensor& kv, const at::Tensor& slots,
-                   int64_t heads) {
-  check_pool(kv);
-  const int64_t kv_heads = kv.size(2), dim = kv.size(3), tokens = qkv.size(0);
+                   int64_t heads, at::IntArrayRef kv_types) {
+  const PoolView pool = pool_view(kv, kv_types);
+  const int64_t kv_heads = pool.kv_heads, dim = pool.head_dim, tokens = qkv.size(0);
   TORCH_CHECK(qkv.scalar_type() == at::kFloat && qkv.dim() == 2 && qkv.stride(1) == 1 &&
                   qkv.size(1) == (heads + 2 * kv_heads) * dim,
               "qkv must be float32 [tokens, ", (heads + 2 * kv_heads) * dim, "], got ", qkv.sizes());
@@ -135,14 +159,15 @@ void rope_write_kv(const at::Tensor& qkv, const at::Tensor& positions, const at:
     TORCH_CHECK(pos[t] >= 0 && pos[t] < cos.size(0), "position ", pos[t], " is outside the ",
                 cos.size(0), "-position rotary table");
   const RopeArgs args{qkv.data_ptr<float>(), qkv.stride(0), pos, cos.data_ptr<float>(),
-                      sin.data_ptr<float>(), kv.data_ptr(), slots.data_ptr<int64_t>(),
-                      kv.size(1), heads, kv_heads, dim, kv_type(kv), cos.size(1)};
+                      sin.data_ptr<float>(), pool.k, pool.v, pool.row_bytes,
+                      slots.data_ptr<int64_t>(), pool.num_slots, heads, kv_heads, dim,
+                      pool.k_type, pool.v_type, cos.size(1)};
   std::atomic<bool> ok{true};
   const KernelTable* t = table();
   at::parallel_for(0, tokens, grain_for(qkv.size(1) * 4), [&](int64_t t0, int64_t t1) {
     if (!t->rope_write_kv(args, t0, t1)) ok = false;
   });
-  TORCH_CHECK(ok.load(), "a write slot is outside the K/V pool of ", kv.size(1), " slots");
+  TORCH_CHECK(ok.load(), "a write slot is outside the K/V pool of ", pool.num_slots, " slots");
 }
 
 // -- RMSNorm and SiLU ------------------------------------------------------------------------
@@ -301,9 +326,9 @@ TORCH_LIBRARY(nanoserve, m) {
   m.def("dequantize_rows(Tensor rows, int type, int k, Tensor? ids=None) -> Tensor");
   m.def("weight_type_info(int type) -> (str, int, int, int, bool)", nanoserve::weight_type_info);
   m.def("paged_attention(Tensor q, Tensor kv, Tensor rect, Tensor? rect_rows, Tensor context_lens, "
-        "float scale, int heads, int window=0) -> Tensor");
+        "float scale, int heads, int window=0, int[] kv_types=[]) -> Tensor");
   m.def("rope_write_kv(Tensor(a!) qkv, Tensor positions, Tensor cos, Tensor sin, Tensor(b!) kv, "
-        "Tensor slots, int heads) -> ()");
+        "Tensor slots, int heads, int[] kv_types=[]) -> ()");
   m.def("rms_norm(Tensor x, Tensor w, float eps) -> Tensor");
   m.def("add_rms_norm(Tensor(a!) x, Tensor delta, Tensor w, float eps) -> Tensor");
   m.def("silu_mul(Tensor gate_up) -> Tensor");

@@ -134,6 +134,9 @@ inline I16 i_dot(I16 acc, B64 w, int32_t x4) {
 // the caller starts the sum from -128 * sum(x) (kQ8DotHasOffset).
 constexpr bool kQ8DotHasOffset = true;
 inline I16 i_dot_q8(I16 acc, B64 u, int32_t x4) { return i_dot(acc, u, x4); }
+// One IEEE half <-> float (F16C): exact one way, to nearest even the other.
+inline float h_to_f(uint16_t h) { return _cvtsh_ss(h); }
+inline uint16_t f_to_h(float f) { return _cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT); }
 
 // -- AVX2 (with FMA and F16C): each 16-lane vector is two 8-lane halves -------------------
 #elif defined(NS_AVX2)
@@ -267,6 +270,8 @@ inline I16 i_dot_q8(I16 acc, B64 u, int32_t x4) {
   const __m256i x = _mm256_set1_epi32(x4);
   return {q8_dot8(acc.lo, u.lo, x), q8_dot8(acc.hi, u.hi, x)};
 }
+inline float h_to_f(uint16_t h) { return _cvtsh_ss(h); }
+inline uint16_t f_to_h(float f) { return _cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT); }
 
 // -- plain C++: the same operations one lane at a time -----------------------------------
 #else
@@ -310,6 +315,8 @@ inline uint16_t float_to_half(float f) {
   return static_cast<uint16_t>(sign | q);
 }
 inline void f_store_f16(uint16_t* p, F16 a) { for (int i = 0; i < 16; ++i) p[i] = float_to_half(a.v[i]); }
+inline float h_to_f(uint16_t h) { return half_to_float(h); }
+inline uint16_t f_to_h(float f) { return float_to_half(f); }
 inline void f_store_bf16(uint16_t* p, F16 a) {
   for (int i = 0; i < 16; ++i) {
     const uint32_t bits = float_to_bits(a.v[i]);
