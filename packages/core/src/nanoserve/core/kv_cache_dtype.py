@@ -128,9 +128,12 @@ def dequantize_row(row: torch.Tensor, form: str, head_dim: int) -> torch.Tensor:
     return (q * d).reshape(*row.shape[:-1], head_dim)
 
 
-def check_kv_form(kv: KvCacheDtype, *, kernels: bool, device: str, head_dim: int) -> None:
+def check_kv_form(
+    kv: KvCacheDtype, *, kernels: bool, device: str, head_dim: int | None = None
+) -> None:
     """Refuse, in one line naming the flag, a form this model's attention cannot read: blocks
-    are read by nanoserve's CPU kernels only, and hold whole blocks of a head."""
+    are read by nanoserve's CPU kernels only, and hold whole blocks of a head (head_dim None:
+    not known yet)."""
     if kv.blocks and not kernels:
         where = (
             "on a CUDA device"
@@ -141,4 +144,5 @@ def check_kv_form(kv: KvCacheDtype, *, kernels: bool, device: str, head_dim: int
             f"--kv-cache-dtype {kv}: K/V blocks are read by nanoserve's CPU kernels only, and"
             f" this model runs {where}; choose auto, float16, bfloat16 or float32"
         )
-    kv.row_bytes(head_dim)
+    if head_dim is not None:
+        kv.row_bytes(head_dim)

@@ -91,8 +91,7 @@ class EncoderModel:
         kernel_ops = quantize in KERNEL_FORMS
         prepare_kernels(config, quantize, self.device)
         self.batch_invariant = batch_invariant
-        self.kv_dtype = dtype  # no K/V is kept; the pool plan's element type only
-        self.kv_cache_dtype = KvCacheDtype.of(dtype)
+        self.kv_cache_dtype = KvCacheDtype.of(dtype)  # no K/V is kept; the plan's form only
         self.accum_dtype = dtype
         self.sep_token_id = self.encoder.sep_token_id or sep_token_id
         self.kernels = linear_kernels(quantize, dtype, self.device)
@@ -173,7 +172,11 @@ class EncoderModel:
 
     def use_kv_cache_dtype(self, kv: KvCacheDtype) -> None:
         """An encoder keeps no K/V: any form is as good as none."""
-        self.kv_cache_dtype, self.kv_dtype = kv, kv.torch_dtype
+        self.kv_cache_dtype = kv
+
+    @property
+    def kv_dtype(self) -> torch.dtype:
+        return self.kv_cache_dtype.torch_dtype
 
     def quant_weights(self) -> list[QuantWeight]:
         linears = [w for layer in self.layers for w in (layer.qkv, layer.o, layer.up, layer.down)]

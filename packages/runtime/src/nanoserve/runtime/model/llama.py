@@ -134,8 +134,7 @@ class LlamaModel:
         # pool in IEEE half, as llama.cpp's default cache: 11 significant bits to bf16's 8
         # (teacher-forced on Qwen2.5-0.5B: mean |dlogit| 0.044 with a bf16 pool, 0.041 fp32).
         small_dtype = torch.float32 if kernel_ops else dtype
-        self.kv_dtype = torch.float16 if kernel_ops else dtype
-        self.kv_cache_dtype = KvCacheDtype.of(self.kv_dtype)  # use_kv_cache_dtype changes it
+        self.kv_cache_dtype = KvCacheDtype.of(torch.float16 if kernel_ops else dtype)
 
         assembled = assemble_weights(
             config,
@@ -233,7 +232,12 @@ class LlamaModel:
         """Keep K/V in another form (`--kv-cache-dtype`); blocks only under the kernels."""
         check_kv_form(kv, kernels=self.ops.name == "nanoserve", device=str(self.device),
                       head_dim=self.config.head_dim)  # fmt: skip
-        self.kv_cache_dtype, self.kv_dtype = kv, kv.torch_dtype
+        self.kv_cache_dtype = kv
+
+    @property
+    def kv_dtype(self) -> torch.dtype:
+        """The pool tensor's element type (uint8 for blocks)."""
+        return self.kv_cache_dtype.torch_dtype
 
     # -- pieces ---------------------------------------------------------------------------
 

@@ -10,7 +10,12 @@ import torch
 
 from nanoserve.core import PrefillBudget
 from nanoserve.core.errors import NanoserveError
-from nanoserve.core.kv_cache_dtype import KvCacheDtype, KvCacheDtypeError, parse_kv_cache_dtype
+from nanoserve.core.kv_cache_dtype import (
+    KvCacheDtype,
+    KvCacheDtypeError,
+    check_kv_form,
+    parse_kv_cache_dtype,
+)
 from nanoserve.core.state_checkpoints import DEFAULT_INTERVAL_BLOCKS
 from nanoserve.runtime.engine.config.speculative_config import SpeculativeConfig
 from nanoserve.runtime.kernels.cpu_features import auto_dtype
@@ -200,13 +205,10 @@ class EngineConfig:
             raise EngineConfigError(f"threads must be a positive integer or auto, got {threads!r}")
         try:
             kv = parse_kv_cache_dtype(self.kv_cache_dtype, torch.float16)
+            if self.device.startswith("cuda"):  # no kernels there, whatever the weights
+                check_kv_form(kv, kernels=False, device=self.device)
         except KvCacheDtypeError as error:
             raise EngineConfigError(str(error)) from None
-        if kv.blocks and self.device.startswith("cuda"):
-            raise EngineConfigError(
-                f"--kv-cache-dtype {kv}: K/V blocks are read by nanoserve's CPU kernels only;"
-                " on a CUDA device choose auto, float16, bfloat16 or float32"
-            )
         if self.task not in TASKS:
             raise EngineConfigError(f"task must be one of {', '.join(TASKS)}, got {self.task!r}")
         for name in ("max_model_len", "warm_max_rows", "warm_max_width", "max_waiting"):
@@ -280,13 +282,10 @@ class EngineConfig:
         if self.kv_cache_dtype.strip().lower() in ("", AUTO):
             return None
         kv = parse_kv_cache_dtype(self.kv_cache_dtype, torch.float16)
-        kernels = quantize in KERNEL_FORMS
-        if kv.blocks and not kernels:
-            raise EngineConfigError(
-                f"--kv-cache-dtype {kv}: K/V blocks are read by nanoserve's CPU kernels only, and"
-                " this model's weights are served dense (--quantize none, or a file with no"
-                " blocks); choose auto, float16, bfloat16 or float32"
-            )
+        try:
+            check_kv_form(kv, kernels=quantize in KERNEL_FORMS, device=self.device)
+        except KvCacheDtypeError as error:
+            raise EngineConfigError(str(error)) from None
         return kv
 
     def as_dict(self) -> dict[str, object]:

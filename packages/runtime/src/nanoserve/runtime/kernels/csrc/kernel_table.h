@@ -17,6 +17,8 @@ namespace nanoserve {
 // How a pool row (one slot's K or V of one head) is stored: float values, or GGUF blocks of 32
 // (kv_blocks.h). The numbers are the Python side's (core/kv_cache_dtype.py).
 enum class KvType : int32_t { kF32 = 0, kBF16 = 1, kF16 = 2, kQ8_0 = 3, kQ4_0 = 4 };
+// Bytes of one block of 32 values of a block form (0: a float form).
+constexpr int64_t kv_block_bytes(KvType t) { return t == KvType::kQ8_0 ? 34 : t == KvType::kQ4_0 ? 18 : 0; }
 
 // Activations quantized per row in groups of 32, as the linears read them.
 struct QuantizedRows {

@@ -12,7 +12,7 @@
 //
 // Included in kernels.h, inside an ISA's namespace, after simd.h.
 
-constexpr int64_t kQ8_0Bytes = 34, kQ4_0Bytes = 18;
+constexpr int64_t kQ8_0Bytes = kv_block_bytes(KvType::kQ8_0), kQ4_0Bytes = kv_block_bytes(KvType::kQ4_0);
 
 inline uint16_t u16_of(const uint8_t* p) {
   uint16_t v;

@@ -55,8 +55,6 @@ struct PoolView {
   KvType k_type, v_type;
 };
 
-int64_t block_bytes(int64_t type) { return type == int64_t(KvType::kQ8_0) ? 34 : 18; }
-
 // kv_types empty: a float pool, [2, slots + 1, kv_heads, head_dim] float32, bfloat16 or float16.
 // [k, v] (q8_0 = 3, q4_0 = 4): a block pool, uint8 [slots + 1, kv_heads, K bytes + V bytes],
 // each row's K blocks then its V blocks (kv_blocks.h).
@@ -78,13 +76,14 @@ PoolView pool_view(const at::Tensor& kv, at::IntArrayRef kv_types) {
   for (const int64_t t : kv_types)
     TORCH_CHECK(t == int64_t(KvType::kQ8_0) || t == int64_t(KvType::kQ4_0),
                 "a block K/V pool stores q8_0 (3) or q4_0 (4) blocks, got ", t);
-  const int64_t pair = block_bytes(kv_types[0]) + block_bytes(kv_types[1]);
+  const KvType k_type = KvType(kv_types[0]), v_type = KvType(kv_types[1]);
+  const int64_t pair = kv_block_bytes(k_type) + kv_block_bytes(v_type);
   TORCH_CHECK(kv.scalar_type() == at::kByte && kv.dim() == 3 && kv.size(2) % pair == 0,
               "a block K/V pool must be uint8 [slots + 1, kv_heads, K bytes + V bytes] of whole "
               "blocks (", pair, " bytes per 32 values), got ", kv.sizes(), " ", kv.scalar_type());
   const int64_t blocks = kv.size(2) / pair;
-  return {base, base + blocks * block_bytes(kv_types[0]), kv.size(2), kv.size(0), kv.size(1),
-          32 * blocks, KvType(kv_types[0]), KvType(kv_types[1])};
+  return {base, base + blocks * kv_block_bytes(k_type), kv.size(2), kv.size(0), kv.size(1),
+          32 * blocks, k_type, v_type};
 }
 
 // -- attention -----------------------------------------------------------------------------
