@@ -60,6 +60,8 @@ def nan_last(value: float) -> float:
 
 def _fmt(value: object) -> str:
     if isinstance(value, float):
+        if 0 < abs(value) < 0.01:
+            return f"{value:.3g}"
         return f"{value:,.3f}" if abs(value) < 10 else f"{value:,.1f}"
     return str(value)
 

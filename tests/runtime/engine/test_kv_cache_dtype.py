@@ -20,23 +20,23 @@ from nanoserve.runtime.loading.checkpoint import load_checkpoint
 from nanoserve.runtime.model.llama import LlamaModel
 from tests.runtime.capture_helpers import PROMPTS, run_joining_workload
 
-# Heads of 32 values (one block each); Gemma 3's window of 4 and the hybrid's attention layer
-# as the model-family tests have them.
-HEAD_32: dict[str, dict[str, Any]] = {
-    "llama": {"num_attention_heads": 2, "num_key_value_heads": 1},
-    "gemma3": {"head_dim": 32, "query_pre_attn_scalar": 32},
-    "qwen3_5": {"head_dim": 32},
+# Heads of 64 values (two blocks each, and turned through llama.cpp's 64-wide Hadamard matrix);
+# Gemma 3's window of 4 and the hybrid's attention layer as the model-family tests have them.
+HEAD_64: dict[str, dict[str, Any]] = {
+    "llama": {"num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 64},
+    "gemma3": {"head_dim": 64, "query_pre_attn_scalar": 64},
+    "qwen3_5": {"head_dim": 64},
 }
 
 
-@pytest.fixture(scope="module", params=sorted(HEAD_32))
+@pytest.fixture(scope="module", params=sorted(HEAD_64))
 def model_dir(
     request: pytest.FixtureRequest,
     tmp_path_factory: pytest.TempPathFactory,
     make_tiny_model_dir: Callable[..., Path],
 ) -> Path:
     arch = request.param
-    return make_tiny_model_dir(tmp_path_factory.mktemp(arch), arch=arch, **HEAD_32[arch])
+    return make_tiny_model_dir(tmp_path_factory.mktemp(arch), arch=arch, **HEAD_64[arch])
 
 
 def engine(model_dir: Path, kv: str, quantize: str | None = "q8", **config: Any) -> Engine:
@@ -70,19 +70,20 @@ def test_alone_batched_bucketed_and_recorded_agree(model_dir: Path, kv: str) -> 
 
 
 def test_the_pool_keeps_blocks_and_holds_more(model_dir: Path) -> None:
-    """At one budget: q8_0 rows of 2 x 34 bytes a head against float16's 2 x 64, q4_0's 2 x 18."""
+    """At one budget: q8_0 rows of 2 x 2 x 34 bytes a head against float16's 2 x 128, q4_0's
+    2 x 2 x 18."""
     plans = {kv: engine(model_dir, kv).pool_plan for kv in ("auto", "q8_0", "q4_0")}
     assert plans["auto"].kv_cache_dtype == KvCacheDtype("float16", "float16")
-    assert [plans[kv].row_bytes for kv in ("auto", "q8_0", "q4_0")] == [128, 68, 36]
+    assert [plans[kv].row_bytes for kv in ("auto", "q8_0", "q4_0")] == [256, 136, 72]
     assert plans["q8_0"].kv_cache_dtype == KvCacheDtype("q8_0", "q8_0")
     for kv, plan in plans.items():
         assert plan.total_bytes <= 1 << 20 or kv == "auto"
-    assert plans["q8_0"].num_blocks // plans["auto"].num_blocks == 1  # 128 / 68 = 1.88
-    assert plans["q4_0"].num_blocks // plans["auto"].num_blocks == 3  # 128 / 36 = 3.56
+    assert plans["q8_0"].num_blocks // plans["auto"].num_blocks == 1  # 256 / 136 = 1.88
+    assert plans["q4_0"].num_blocks // plans["auto"].num_blocks == 3  # 256 / 72 = 3.56
     served = engine(model_dir, "k=q8_0,v=q4_0")
     run_joining_workload(served)
     layers = served.pool.pools()
-    assert layers and all(t.dtype == torch.uint8 and t.shape[-1] == 34 + 18 for t in layers)
+    assert layers and all(t.dtype == torch.uint8 and t.shape[-1] == 2 * (34 + 18) for t in layers)
     assert all(t[:-1].any() for t in layers)  # the rows written hold blocks
 
 

@@ -1,6 +1,7 @@
-"""The K/V pool in GGUF blocks (kernels/csrc/kv_blocks.h): written as ggml's reference
-quantizers round, read as the `gguf` package dequantizes, and attended over on every ISA path
-this CPU runs, with the same bits on each."""
+"""The K/V pool in GGUF blocks (kernels/csrc/kv_blocks.h): each row turned through llama.cpp's
+Hadamard matrices (core/kv_rotation.py), written as ggml's reference quantizers round, read as
+the `gguf` package dequantizes, and attended over on every ISA path this CPU runs, with the same
+bits on each."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import pytest
 import torch
 
 from nanoserve.core.kv_cache_dtype import KvCacheDtype, dequantize_row, form_bytes
+from nanoserve.core.kv_rotation import hadamard, rotation_width
 from tests.runtime.isa_paths import assert_same_bits, on_every_isa
 
 ops = torch.ops.nanoserve
@@ -29,53 +31,60 @@ def awkward_values(g: torch.Generator, n: int) -> torch.Tensor:
     return x
 
 
-def pool(kv_dtype: KvCacheDtype, slots: int) -> torch.Tensor:
-    return torch.zeros(slots + 1, KV_HEADS, kv_dtype.row_bytes(DIM), dtype=torch.uint8)
+def pool(kv_dtype: KvCacheDtype, slots: int, dim: int = DIM) -> torch.Tensor:
+    return torch.zeros(slots + 1, KV_HEADS, kv_dtype.row_bytes(dim), dtype=torch.uint8)
 
 
-def write(kv_dtype: KvCacheDtype, values: torch.Tensor) -> torch.Tensor:
-    """K and V rows ([tokens, 2 * KV_HEADS * DIM]) written through the kernel, unrotated."""
+def write(kv_dtype: KvCacheDtype, values: torch.Tensor, dim: int = DIM) -> torch.Tensor:
+    """K and V rows ([tokens, 2 * KV_HEADS * dim]) written through the kernel, no rotary."""
     tokens = values.shape[0]
-    qkv = torch.cat((torch.zeros(tokens, HEADS * DIM), values), dim=1)
-    kv = pool(kv_dtype, tokens)
-    ops.rope_write_kv(qkv, torch.zeros(tokens, dtype=torch.int64), torch.ones(1, DIM),
-                      torch.zeros(1, DIM), kv, torch.arange(tokens), HEADS,
+    qkv = torch.cat((torch.zeros(tokens, HEADS * dim), values), dim=1)
+    kv = pool(kv_dtype, tokens, dim)
+    ops.rope_write_kv(qkv, torch.zeros(tokens, dtype=torch.int64), torch.ones(1, dim),
+                      torch.zeros(1, dim), kv, torch.arange(tokens), HEADS,
                       list(kv_dtype.kernel_types))  # fmt: skip
     return kv
 
 
-@pytest.mark.parametrize(("k", "v"), PAIRS)
-def test_the_write_rounds_as_ggml_and_the_read_as_gguf(
-    runnable_isas: list[str], k: str, v: str
+@pytest.mark.parametrize(
+    ("k", "v", "dim"), [*((k, v, DIM) for k, v in PAIRS), ("q8_0", "q4_0", 128)]
+)
+def test_the_write_turns_rounds_as_ggml_and_reads_as_gguf(
+    runnable_isas: list[str], k: str, v: str, dim: int
 ) -> None:
-    """Bytes equal to the `gguf` package's quantize_blocks on every ISA; values read back equal
-    to its dequantize_blocks."""
+    """Bytes equal to the `gguf` package's quantize_blocks of each row turned (K by the largest
+    power of two dividing head_dim, V by 64), on every ISA; values read back equal to its
+    dequantize_blocks."""
     kv_dtype = KvCacheDtype(k, v)
     tokens = 24
-    values = awkward_values(torch.Generator().manual_seed(3), tokens * 2 * KV_HEADS * DIM)
-    values = values.view(tokens, 2 * KV_HEADS * DIM)
-    results = on_every_isa(runnable_isas, lambda: write(kv_dtype, values))
+    values = awkward_values(torch.Generator().manual_seed(3), tokens * 2 * KV_HEADS * dim)
+    values = values.view(tokens, 2 * KV_HEADS * dim)
+    results = on_every_isa(runnable_isas, lambda: write(kv_dtype, values, dim))
     assert_same_bits(results)
     stored = results["portable"][:tokens]  # [tokens, heads, K bytes + V bytes]
-    k_bytes = form_bytes(k, DIM)
-    for form, part, rows in (
-        (k, stored[..., :k_bytes], values[:, : KV_HEADS * DIM]),
-        (v, stored[..., k_bytes:], values[:, KV_HEADS * DIM :]),
+    k_bytes = form_bytes(k, dim)
+    assert (rotation_width(k, dim, v=False), rotation_width(v, dim, v=True)) == (dim, 64)
+    for form, part, rows, is_v in (
+        (k, stored[..., :k_bytes], values[:, : KV_HEADS * dim], False),
+        (v, stored[..., k_bytes:], values[:, KV_HEADS * dim :], True),
     ):
-        want = gguf.quants.quantize(rows.reshape(-1, DIM).numpy(), GGML[form])
+        turned = hadamard(rows.reshape(-1, dim), rotation_width(form, dim, v=is_v))
+        want = gguf.quants.quantize(turned.numpy(), GGML[form])
         assert np.array_equal(part.reshape(-1, want.shape[-1]).numpy(), want), form
         back = gguf.quants.dequantize(want, GGML[form])
-        got = dequantize_row(part, form, DIM).reshape(-1, DIM)
+        got = dequantize_row(part, form, dim).reshape(-1, dim)
         assert np.array_equal(got.numpy(), back), form
 
 
 def dequantized(kv: torch.Tensor, kv_dtype: KvCacheDtype) -> torch.Tensor:
-    """The block pool as floats, [2, slots + 1, kv_heads, dim]."""
+    """The block pool as floats, turned back, [2, slots + 1, kv_heads, dim]."""
     k_bytes = form_bytes(kv_dtype.k, DIM)
+    k = dequantize_row(kv[..., :k_bytes], kv_dtype.k, DIM)
+    v = dequantize_row(kv[..., k_bytes:], kv_dtype.v, DIM)
     return torch.stack(
         (
-            dequantize_row(kv[..., :k_bytes], kv_dtype.k, DIM),
-            dequantize_row(kv[..., k_bytes:], kv_dtype.v, DIM),
+            hadamard(k, rotation_width(kv_dtype.k, DIM, v=False)),
+            hadamard(v, rotation_width(kv_dtype.v, DIM, v=True)),
         )
     )
 
@@ -106,7 +115,7 @@ def test_attention_reads_the_blocks_in_place(
     runnable_isas: list[str], k: str, v: str, window: int
 ) -> None:
     """Decode rows and prompt rows (rect_rows) over a block pool: the same bits on every ISA,
-    within 2e-6 of float64 attention over the dequantized slots."""
+    within 2e-6 of float64 attention over the dequantized slots turned back."""
     kv_dtype = KvCacheDtype(k, v)
     g = torch.Generator().manual_seed(5)
     kv = write(kv_dtype, torch.randn(40, 2 * KV_HEADS * DIM, generator=g))

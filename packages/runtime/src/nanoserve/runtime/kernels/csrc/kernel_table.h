@@ -19,6 +19,15 @@ namespace nanoserve {
 enum class KvType : int32_t { kF32 = 0, kBF16 = 1, kF16 = 2, kQ8_0 = 3, kQ4_0 = 4 };
 // Bytes of one block of 32 values of a block form (0: a float form).
 constexpr int64_t kv_block_bytes(KvType t) { return t == KvType::kQ8_0 ? 34 : t == KvType::kQ4_0 ? 18 : 0; }
+// The width of the Hadamard turn a row of `dim` values kept as `t` is stored through, as
+// llama.cpp's quantized caches are (its attn_rot_k / attn_rot_v): none (0) for a float form or
+// a head_dim that is not a multiple of 64; V 64; K the largest power of two dividing head_dim.
+constexpr int64_t kv_rotation_width(KvType t, int64_t dim, bool v) {
+  if (kv_block_bytes(t) == 0 || dim % 64 != 0) return 0;
+  int64_t n = 64;
+  while (!v && dim % (2 * n) == 0) n *= 2;
+  return n;
+}
 
 // Activations quantized per row in groups of 32, as the linears read them.
 struct QuantizedRows {
@@ -126,8 +135,8 @@ struct KernelTable {
   // The dot kernel of a weight type (its GGML number), or null: output feature blocks
   // [b0, b1) of x @ w.T for every row.
   LinearKernel (*linear)(int64_t ggml);
-  // tasks [t0, t1) of tokens x kv_heads; scratch holds heads / kv_heads * (width + 16) +
-  // 16 * head_dim floats;
+  // tasks [t0, t1) of tokens x kv_heads; scratch holds heads / kv_heads * (width + 16 +
+  // head_dim) + 16 * head_dim floats;
   // false on a slot outside the pool.
   bool (*attention)(const AttentionArgs& a, int64_t t0, int64_t t1, float* scratch);
   // tokens [t0, t1): rotary on q and k in place, K and V into the pool; false on a bad slot.

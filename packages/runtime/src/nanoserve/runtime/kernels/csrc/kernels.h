@@ -170,6 +170,12 @@ bool attend(const AttentionArgs& a, int64_t token, int64_t kv_head, float* scrat
   const int64_t padded = (n + 15) / 16 * 16;
   float* kbuf = scratch + group * padded;  // [16, dim]
   const float* q0 = a.q + token * a.q_stride + kv_head * group * dim;
+  if (const int64_t width = kv_rotation_width(KT, dim, false)) {  // K kept turned: so is q
+    float* turned = kbuf + 16 * dim;  // [group, dim]
+    std::memcpy(turned, q0, group * dim * sizeof(float));
+    for (int64_t h = 0; h < group; ++h) hadamard(turned + h * dim, dim, width);
+    q0 = turned;
+  }
 
   // Scores, 16 positions at a time (positions outside [lo, n) read a visible slot and are dropped).
   for (int64_t p0 = first; p0 < padded; p0 += 16) {
@@ -234,6 +240,8 @@ bool attend(const AttentionArgs& a, int64_t token, int64_t kv_head, float* scrat
       for (int64_t c = 0; c < chunks; ++c)
         f_store(out + (h0 + h) * dim + 16 * c, f_mul(acc[h][c], f_set1(inv[h0 + h])));
   }
+  if (const int64_t width = kv_rotation_width(VT, dim, true))  // V kept turned: turn it back
+    for (int64_t h = 0; h < group; ++h) hadamard(out + h * dim, dim, width);
   return true;
 }
 
@@ -288,6 +296,9 @@ inline void rotate(float* x, const float* cos, const float* sin, int64_t dim) {
 
 bool rope_write_kv(const RopeArgs& a, int64_t t0, int64_t t1) {
   const int64_t dim = a.head_dim;
+  const int64_t k_width = kv_rotation_width(a.k_type, dim, false), v_width = kv_rotation_width(a.v_type, dim, true);
+  thread_local std::vector<float> turned;  // a head turned before its blocks are rounded
+  if (static_cast<int64_t>(turned.size()) < dim) turned.resize(dim);
   for (int64_t t = t0; t < t1; ++t) {
     const int64_t slot = a.slots[t];
     if (slot < 0 || slot >= a.num_slots) return false;
@@ -299,8 +310,8 @@ bool rope_write_kv(const RopeArgs& a, int64_t t0, int64_t t1) {
     const float* k = row + a.heads * dim;
     for (int64_t h = 0; h < a.kv_heads; ++h) {
       const int64_t at = (slot * a.kv_heads + h) * a.row_bytes;
-      store_kv(a.k + at, k + h * dim, dim, a.k_type);
-      store_kv(a.v + at, k + (a.kv_heads + h) * dim, dim, a.v_type);
+      store_kv(a.k + at, k + h * dim, dim, a.k_type, k_width, turned.data());
+      store_kv(a.v + at, k + (a.kv_heads + h) * dim, dim, a.v_type, v_width, turned.data());
     }
   }
   return true;

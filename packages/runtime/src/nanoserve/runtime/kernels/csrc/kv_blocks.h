@@ -10,6 +10,12 @@
 // at a time in float: the bytes do not depend on the ISA. It is read 16 values at a time
 // (half a block), each value q * d rounded once in float, as the `gguf` package dequantizes.
 //
+// A row of blocks is kept turned through a Hadamard matrix first, as llama.cpp keeps its
+// quantized caches (kv_rotation_width: K by the largest power of two dividing head_dim, V by 64,
+// each chunk of that width on its own): an outlier in one value is spread over the chunk, so a
+// block's scale no longer follows it. The turn is orthonormal and its own inverse, so attention
+// turns each query through K's matrix (q . k unchanged) and each output back through V's.
+//
 // Included in kernels.h, inside an ISA's namespace, after simd.h.
 
 constexpr int64_t kQ8_0Bytes = kv_block_bytes(KvType::kQ8_0), kQ4_0Bytes = kv_block_bytes(KvType::kQ4_0);
@@ -42,6 +48,23 @@ inline F16 load_kv(const uint8_t* row, int64_t c) {
 
 inline void put_u16(uint8_t* p, uint16_t v) { std::memcpy(p, &v, 2); }
 
+// x <- H x over each `width`-value chunk of `dim`: H is Sylvester's Hadamard matrix in natural
+// order (H[i][j] = (-1)^popcount(i & j)) scaled by 1 / sqrt(width), as the butterflies of a fast
+// Walsh-Hadamard transform, then the scale: each value the same adds on every ISA.
+inline void hadamard(float* x, int64_t dim, int64_t width) {
+  const float scale = 1.f / std::sqrt(static_cast<float>(width));
+  for (float* y = x; y < x + dim; y += width) {
+    for (int64_t s = 1; s < width; s *= 2)
+      for (int64_t i = 0; i < width; i += 2 * s)
+        for (int64_t j = i; j < i + s; ++j) {
+          const float a = y[j], b = y[j + s];
+          y[j] = a + b;
+          y[j + s] = a - b;
+        }
+    for (int64_t j = 0; j < width; ++j) y[j] *= scale;
+  }
+}
+
 // quantize_row_q8_0_ref: d = amax / 127, q = roundf(x / d) (x times 1 / d, half away from zero).
 inline void store_q8_0(uint8_t* block, const float* x) {
   float amax = 0.f;
@@ -67,8 +90,14 @@ inline void store_q4_0(uint8_t* block, const float* x) {
   }
 }
 
-// One head's `dim` values into a row stored as `kv`.
-inline void store_kv(uint8_t* row, const float* src, int64_t dim, KvType kv) {
+// One head's `dim` values into a row stored as `kv` (a row of blocks turned first: `width`,
+// kv_rotation_width's, and `turned`, room for dim floats).
+inline void store_kv(uint8_t* row, const float* src, int64_t dim, KvType kv, int64_t width, float* turned) {
+  if (width > 0) {
+    std::memcpy(turned, src, dim * sizeof(float));
+    hadamard(turned, dim, width);
+    src = turned;
+  }
   if (kv == KvType::kQ8_0) {
     for (int64_t b = 0; b < dim / 32; ++b) store_q8_0(row + b * kQ8_0Bytes, src + 32 * b);
     return;

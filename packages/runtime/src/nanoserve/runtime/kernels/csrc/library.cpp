@@ -128,7 +128,7 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& kv, const at::
   at::parallel_for(0, tokens * kv_heads, grain_for(group * width * dim), [&](int64_t t0, int64_t t1) {
     // Kept per thread across calls, as the linears' activations are: no allocation per step.
     thread_local std::vector<float> scratch;
-    const size_t floats = group * (width + 16) + 16 * dim;
+    const size_t floats = group * (width + 16 + dim) + 16 * dim;
     if (scratch.size() < floats) scratch.resize(floats);
     if (!t->attention(args, t0, t1, scratch.data())) ok = false;
   });
