@@ -1,9 +1,11 @@
 """Decode speed at long context by K/V cache form, beside llama.cpp with the same cache types.
 
     python -m benchmarks.kv_speed [--models smollm2-135m] [--contexts 4096,16384] [--streams 1,8]
-                                  [--forms q8_0] [--rounds 3] [--steps 8] [--no-peer]
+                                  [--forms q8_0] [--rounds 3] [--steps 8]
+                                  [--peer-modes split unified] [--no-peer]
 
-Per model of the set, context length and stream count, decode tokens a second (streams / step
+Per model of the set, context length (within the model's trained context: SmolLM2's is 8,192)
+and stream count, decode tokens a second (streams / step
 time) with each stream `context` tokens deep:
 
 - nanoserve: the model as `nanoserve serve` runs the GGUF (its own blocks under the kernels),
@@ -175,7 +177,7 @@ def bench_model(
     for context in (int(c) for c in args.contexts.split(",")):
         for streams in (int(s) for s in args.streams.split(",")):
             rates = ours(checkpoint, args.forms, context, streams, args)
-            modes = ("split", "unified") if streams > 1 else ("split",)
+            modes = tuple(args.peer_modes) if streams > 1 else ("split",)
             peer_rates: dict[str, dict[str, float]] = {}
             for name in [REFERENCE, *args.forms]:
                 peer_rates[name] = {
@@ -205,6 +207,13 @@ def main() -> None:
     parser.add_argument("--forms", nargs="+", default=["q8_0"], help="cache forms beside float16")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=8, help="timed decode steps a measurement")
+    parser.add_argument(
+        "--peer-modes",
+        nargs="+",
+        default=["split", "unified"],
+        choices=("split", "unified"),
+        help="llama.cpp's cache modes at streams > 1",
+    )
     parser.add_argument("--no-peer", action="store_true", help="skip llama.cpp")
     args = parser.parse_args()
     threads = pin_threads()
