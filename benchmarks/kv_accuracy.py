@@ -33,8 +33,6 @@ import hashlib
 import json
 import math
 import os
-import signal
-import subprocess
 import time
 from pathlib import Path
 
@@ -44,7 +42,7 @@ import torch
 from benchmarks.common import RESULTS, cpu_line, pin_threads, table, write_csv
 from benchmarks.models import BenchModel, served_models
 from benchmarks.peer import Peer, find_peer
-from benchmarks.servers import free_port
+from benchmarks.servers import free_port, launch
 from nanoserve.core import BlockTable, PrefillChunk, plan_kv_pool, plan_prefill
 from nanoserve.core.kv_cache_dtype import KvCacheDtype, parse_kv_cache_dtype
 from nanoserve.runtime.loading.checkpoint import Checkpoint, load_checkpoint
@@ -72,12 +70,20 @@ def texts(tokenizer: object, tokens: int, count: int) -> list[list[int]]:
 
 
 def served_model(checkpoint: Checkpoint, form: KvCacheDtype, tokens: int) -> LlamaModel:
-    """The model as `nanoserve serve` runs a GGUF (its own blocks under the kernels)."""
+    """The model as `nanoserve serve` runs a GGUF (its own blocks under the kernels), its cache
+    in `form`, positions for `tokens`."""
     model = LlamaModel.from_checkpoint(
         checkpoint, dtype=torch.bfloat16, quantize="gguf", max_positions=tokens + 64
     )
     model.use_kv_cache_dtype(form)
     return model
+
+
+def llama_cache_types(form: str) -> tuple[str, str]:
+    """llama.cpp's -ctk and -ctv for a nanoserve cache form."""
+    pair = parse_kv_cache_dtype(form, torch.float16)
+    k, v = ("f16" if f == REFERENCE else f for f in (pair.k, pair.v))
+    return k, v
 
 
 def teacher_forced(model: LlamaModel, ids: list[int]) -> torch.Tensor:
@@ -190,28 +196,16 @@ def _peer_lists(
     peer: Peer, gguf: Path, ids_set: list[list[int]], form: str, top: int, threads: int
 ) -> TopLists:
     port = free_port()
-    pair = parse_kv_cache_dtype(form, torch.float16)
-    k, v = ("f16" if f == REFERENCE else f for f in (pair.k, pair.v))
+    k, v = llama_cache_types(form)
     command = [
         peer.binary("llama-server"), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port),
         "-t", str(threads), "-tb", str(threads), "-c", str(len(ids_set[0]) + 64), "-np", "1",
         "-ctk", k, "-ctv", v, "-fa", "on", "--no-webui",
     ]  # fmt: skip
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
+    server = launch(f"llama.cpp -ctk {k} -ctv {v}", command, f"http://127.0.0.1:{port}")
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                if httpx.get(url + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline or process.poll() is not None:
-                raise SystemExit(f"llama-server did not start with -ctk {k} -ctv {v}")
-            time.sleep(0.2)
         out: TopLists = []
-        with httpx.Client(base_url=url, timeout=120) as client:
+        with httpx.Client(base_url=server.url, timeout=120) as client:
             for ids in ids_set:
                 for end in range(1, len(ids)):
                     body = {
@@ -223,11 +217,7 @@ def _peer_lists(
                     out.append({int(e["id"]): float(e["logprob"]) for e in listed})
         return out
     finally:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
+        server.stop()
 
 
 def capacity(checkpoint: Checkpoint, forms: list[str]) -> dict[str, object]:

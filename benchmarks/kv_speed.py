@@ -37,13 +37,13 @@ import time
 import torch
 
 from benchmarks.common import cpu_line, pin_threads, table, write_csv
+from benchmarks.kv_accuracy import REFERENCE, llama_cache_types, served_model
 from benchmarks.models import BenchModel, served_models
 from benchmarks.peer import Peer, find_peer
 from nanoserve.core import BlockTable, plan_kv_pool
 from nanoserve.core.decode_plan import DecodeSeq, plan_decode
 from nanoserve.core.kv_cache_dtype import (
     BLOCK_BYTES,
-    KvCacheDtype,
     form_bytes,
     parse_kv_cache_dtype,
 )
@@ -51,7 +51,6 @@ from nanoserve.runtime.loading.checkpoint import Checkpoint, load_checkpoint
 from nanoserve.runtime.model.kv_pool import KVPool
 from nanoserve.runtime.model.llama import LlamaModel
 
-REFERENCE = "float16"
 BLOCK = 16
 SCALE = torch.tensor([0.01], dtype=torch.float16).view(torch.uint8)  # a block's finite scale
 
@@ -116,14 +115,6 @@ class Deep:
         return statistics.median(times)
 
 
-def served_model(checkpoint: Checkpoint, form: KvCacheDtype, context: int) -> LlamaModel:
-    model = LlamaModel.from_checkpoint(
-        checkpoint, dtype=torch.bfloat16, quantize="gguf", max_positions=context + 64
-    )
-    model.use_kv_cache_dtype(form)
-    return model
-
-
 def ours(
     checkpoint: Checkpoint, forms: list[str], context: int, streams: int, args: argparse.Namespace
 ) -> dict[str, float]:
@@ -151,8 +142,7 @@ def peer_rate(
     args: argparse.Namespace, threads: int,
 ) -> float:  # fmt: skip
     """llama.cpp's decode tok/s over `streams` streams `context` tokens deep (batched-bench)."""
-    pair = parse_kv_cache_dtype(form, torch.float16)
-    k, v = ("f16" if f == REFERENCE else f for f in (pair.k, pair.v))
+    k, v = llama_cache_types(form)
     command = [
         peer.binary("llama-batched-bench"), "-m", str(bench.path), "-t", str(threads),
         "-tb", str(threads), "-c", str(streams * (context + args.steps + 16)), "-b", "2048",
