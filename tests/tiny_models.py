@@ -69,6 +69,13 @@ _TO_GGUF = {
     "self_attn.k_norm": "attn_k_norm",
     "self_attn.qkv_proj": "attn_qkv",  # Phi-3's fused projections
     "mlp.gate_up_proj": "ffn_up",
+    "mlp.gate": "ffn_gate_inp",  # a mixture of experts' router
+}
+# Each expert's linear -> llama.cpp's stacked tensor of them all
+_EXPERT_TO_GGUF = {
+    "gate_proj": "ffn_gate_exps",
+    "up_proj": "ffn_up_exps",
+    "down_proj": "ffn_down_exps",
 }
 # Gemma 3's four norms, as llama.cpp names them.
 _TO_GGUF_GEMMA3 = _TO_GGUF | {
@@ -140,6 +147,23 @@ TINY_ARCH_OVERRIDES: dict[str, dict[str, Any]] = {
         "residual_multiplier": 0.5,
         "attention_multiplier": 0.2,
         "logits_scaling": 4.0,
+        "pad_token_id": None,
+    },
+    # Qwen3-MoE: 4 experts of 32 on every layer, 2 a token, their weights rescaled to sum to one
+    "qwen3_moe": {
+        "head_dim": 16,
+        "num_experts": 4,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 32,
+        "norm_topk_prob": True,
+        "mlp_only_layers": [],
+        "pad_token_id": None,
+    },
+    # OLMoE: the same experts, their weights as the softmax gave them, q and k normed whole
+    "olmoe": {
+        "num_experts": 4,
+        "num_experts_per_tok": 2,
+        "intermediate_size": 32,
         "pad_token_id": None,
     },
 }
@@ -214,6 +238,8 @@ def make_tiny_model_dir(
             transformers.GraniteMoeHybridConfig,
             transformers.GraniteMoeHybridForCausalLM,
         ),
+        "qwen3_moe": (transformers.Qwen3MoeConfig, transformers.Qwen3MoeForCausalLM),
+        "olmoe": (transformers.OlmoeConfig, transformers.OlmoeForCausalLM),
     }[arch]
     geometry = {**_TINY_GEOMETRY, **TINY_ARCH_OVERRIDES.get(arch, {})}
     config = config_cls(**{**geometry, "tie_word_embeddings": tie, **overrides})
@@ -294,6 +320,7 @@ def write_tiny_gguf(
     tok = json.loads((model_dir / "tokenizer.json").read_text())
     arch_name = arch or {
         "gemma3_text": "gemma3",
+        "qwen3_moe": "qwen3moe",
         "qwen3_5_text": "qwen35",
         "granitemoehybrid": "granitehybrid",
     }.get(config["model_type"], config["model_type"])
@@ -320,6 +347,12 @@ def write_tiny_gguf(
     else:
         writer.add_feed_forward_length(config["intermediate_size"])
     granite = arch_name == "granitehybrid"
+    experts = config.get("num_experts", config.get("num_local_experts"))  # 5.x: the latter
+    if experts and arch_name != "granitehybrid":  # as llama.cpp's Qwen3-MoE, OLMoE converters
+        writer.add_expert_count(experts)
+        writer.add_expert_used_count(config["num_experts_per_tok"])
+        if "moe_intermediate_size" in config:
+            writer.add_expert_feed_forward_length(config["moe_intermediate_size"])
     if not lfm2 and not granite:
         writer.add_head_count_kv(kv_heads)
     if granite:  # as llama.cpp's Granite hybrid converter: Mamba2's sizes as ssm.*
@@ -401,8 +434,15 @@ def write_tiny_gguf(
         else:
             writer.add_tensor(gguf_name, gguf.quants.quantize(values, qtype), raw_dtype=qtype)
 
+    stacks: dict[str, dict[int, np.ndarray]] = {}  # llama.cpp's stacked experts, by GGUF name
     for name, tensor in load_file(model_dir / "model.safetensors").items():
         values = tensor.float().numpy()
+        if ".mlp.experts." in name:  # `model.layers.{i}.mlp.experts.{e}.{part}.weight`
+            _, _, layer, _, _, expert, part, _ = name.split(".")
+            stacks.setdefault(f"blk.{layer}.{_EXPERT_TO_GGUF[part]}.weight", {})[int(expert)] = (
+                values
+            )
+            continue
         if arch_name in ("llama", "smollm3") and ".q_proj." in name:
             values = llamacpp_permute(values, heads)
         elif arch_name in ("llama", "smollm3") and ".k_proj." in name:
@@ -432,6 +472,8 @@ def write_tiny_gguf(
                 renamed = ".".join(["blk", str(layer), *gguf_name.split(".")[2:]])
                 raw_tensors.setdefault(renamed, (values, None))
         put(gguf_name, values)
+    for gguf_name, experts in stacks.items():
+        put(gguf_name, np.stack([experts[e] for e in sorted(experts)]))
     for gguf_name, (data, raw_type) in raw_tensors.items():  # extra tensors
         if raw_type is None:
             writer.add_tensor(gguf_name, data)

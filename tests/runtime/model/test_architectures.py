@@ -1,6 +1,7 @@
 """The newer families as deltas on one forward (Qwen3's q/k norms, Gemma 3's sandwich norms,
 GeGLU, scaled embedding and sliding-window layers with their own rotary base, SmolLM3's layers
-without rotary; the hybrids LFM2, Qwen3.5 and Granite 4.0-H with their recurrent state): each
+without rotary; the hybrids LFM2, Qwen3.5 and Granite 4.0-H with their recurrent state; the
+mixtures of experts Qwen3-MoE and OLMoE, routed eagerly by expert and statically when recorded): each
 against transformers' own class, from a Hugging Face directory and from the GGUF llama.cpp's
 converter would write; then through the engine, alone and batched,
 eager, bucketed and recorded, on torch and on nanoserve's kernels. The tiny Gemma slides over
@@ -25,11 +26,24 @@ from nanoserve.runtime.model.llama import LlamaModel
 from tests.runtime.capture_helpers import PROMPTS, run_joining_workload
 from tests.runtime.paged_logits import paged_logits, rel_error
 
-ARCHS = ["qwen3", "gemma3", "smollm3", "phi3", "lfm2", "qwen3_5", "granitemoehybrid"]
+ARCHS = [
+    "qwen3",
+    "gemma3",
+    "smollm3",
+    "phi3",
+    "lfm2",
+    "qwen3_5",
+    "granitemoehybrid",
+    "qwen3_moe",
+    "olmoe",
+]
 # Granite's Mamba2 state sums dt * x * B^T over the prompt, and the random tiny model's large dt
 # carries the int8 activations' rounding along: measured 0.02 at its first token, 0.05-0.23 later
-# (0.13 over the prompt), every argmax equal. Every other family stays under 0.1.
-ACTIVATION_GAP = {"granitemoehybrid": 0.2}
+# (0.13 over the prompt), every argmax equal. Qwen3-MoE's tiny router has two experts 0.01
+# apart at one position of its first layer, and the int8 activations choose the other: 0.71 at
+# that position, under 0.1 from the eighth on (0.45 over the prompt, 19 of 22 argmax equal).
+# Every other family stays under 0.1.
+ACTIVATION_GAP = {"granitemoehybrid": 0.2, "qwen3_moe": 0.5}
 PROMPT = [5, 17, 3, 99, 250, 31, 7, 7, 7, 120, 64, 8, 200, 2, 11, 13, 17, 19, 23, 29, 31, 37]
 
 

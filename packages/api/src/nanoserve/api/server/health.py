@@ -47,6 +47,9 @@ class Health(Struct, kw_only=True):
     speculation: dict[str, Any] | None = None  # its counters and measured costs; None: off
     task: str = "generate"  # what the model serves: generate, embed or rerank (--task)
     pooler: str | None = None  # how an embedder or a reranker pools; None: it generates
+    # A mixture of experts: experts, per_token, routed_layers, types, bytes, touched_share (the
+    # share of the experts' bytes run since boot); None: no experts
+    experts: dict[str, Any] | None = None
 
     @classmethod
     def of(cls, status: EngineStatus) -> Health:
@@ -78,4 +81,5 @@ class Health(Struct, kw_only=True):
             speculation=status.speculation.as_dict() if status.speculation is not None else None,
             task=status.task,
             pooler=status.pooler,
+            experts=dict(status.experts) if status.experts is not None else None,
         )

@@ -28,6 +28,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from nanoserve.core.errors import GateError
+from nanoserve.runtime.model.experts import static_dispatch
 
 aten = torch.ops.aten
 
@@ -170,5 +171,6 @@ def capture_guard(device: torch.device | str) -> Iterator[CaptureGuard]:
     # A factory without device= lands on a device no operand is on, so the guard names it: meta
     # for a real run; the host for a trace on meta (meta standing in for CUDA, see trace_step).
     stray = "cpu" if guard.device.type == "meta" else "meta"
-    with torch.device(stray), HostReadGuard(), guard:
+    # A mixture of experts sizes nothing by its routing in here (experts.py's static dispatch).
+    with torch.device(stray), HostReadGuard(), guard, static_dispatch():
         yield guard

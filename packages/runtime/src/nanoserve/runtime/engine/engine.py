@@ -439,6 +439,7 @@ class Engine:
             pooler=self.pooler.describe() if self.pooler.task != "generate" else None,
             pooling_requests=self.pooling.requests,
             pooling_tokens=self.pooling.tokens,
+            experts=usage.as_dict() if (usage := model.expert_usage) is not None else None,
         )
 
 

@@ -63,3 +63,5 @@ class EngineStatus:
     pooler: str | None = None  # how it pools ("embed: last pooling, normalized (...)"); None
     pooling_requests: int = 0  # pooling requests answered
     pooling_tokens: int = 0  # their prompt tokens
+    # A mixture of experts: counts, types served, bytes, and the share of them run since boot
+    experts: Mapping[str, object] | None = None

@@ -218,15 +218,21 @@ def expected_tensor_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
             shapes[f"{attn}.v_proj.bias"] = (config.kv_size,)
         if attends:
             shapes[f"{attn}.o_proj.weight"] = (hidden, config.q_size)
-        if config.fused_mlp:
+        if config.experts is not None and i in config.experts.layers:  # the router, experts
+            shapes.update(config.experts.expert_shapes(mlp, hidden))
+        elif config.fused_mlp:
             shapes[f"{mlp}.gate_up_proj.weight"] = (2 * inter, hidden)
+            shapes[f"{mlp}.down_proj.weight"] = (hidden, inter)
         else:
             shapes[f"{mlp}.gate_proj.weight"] = (inter, hidden)
             shapes[f"{mlp}.up_proj.weight"] = (inter, hidden)
-        shapes[f"{mlp}.down_proj.weight"] = (hidden, inter)
+            shapes[f"{mlp}.down_proj.weight"] = (hidden, inter)
         if config.qk_norm and attends:  # one RMSNorm weight per head dimension, shared by heads
             shapes[f"{attn}.q_norm.weight"] = (config.head_dim,)
             shapes[f"{attn}.k_norm.weight"] = (config.head_dim,)
+        if config.projection_qk_norm and attends:  # one over each whole projection (OLMoE)
+            shapes[f"{attn}.q_norm.weight"] = (config.q_size,)
+            shapes[f"{attn}.k_norm.weight"] = (config.kv_size,)
         for norm in layer_norm_names(config):
             shapes[f"model.layers.{i}.{norm}.weight"] = (hidden,)
     shapes["model.norm.weight"] = (hidden,)

@@ -31,6 +31,8 @@ DEFAULT_MAX_POSITIONS: dict[str, int] = {
     "lfm2": 128_000,
     "qwen3_5": 32768,
     "granitemoehybrid": 2048,
+    "qwen3_moe": 32768,
+    "olmoe": 4096,
 }
 DEFAULT_RMS_NORM_EPS = 1e-6
 
@@ -56,6 +58,10 @@ def check_unbuilt_fields(arch: str, config_json: Mapping[str, Any], source: str)
     if config_json.get("use_bidirectional_attention") and arch != "gemma3":
         raise UnsupportedModelError(
             source, "use_bidirectional_attention=True is supported for Gemma 3 (EmbeddingGemma)"
+        )
+    if arch == "olmoe" and config_json.get("clip_qkv") is not None:
+        raise UnsupportedModelError(
+            source, f"clip_qkv={config_json['clip_qkv']!r} is not supported"
         )
     experts = config_json.get("num_local_experts", 8)
     if arch == "granitemoehybrid" and experts:

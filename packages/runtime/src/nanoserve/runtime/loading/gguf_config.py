@@ -15,6 +15,7 @@ import torch
 
 from nanoserve.runtime.errors import ConfigError, UnsupportedModelError, WeightsError
 from nanoserve.runtime.loading.encoder_layers import gguf_encoder_fields
+from nanoserve.runtime.loading.expert_layers import gguf_experts
 from nanoserve.runtime.loading.gguf_reader import GgufReader
 from nanoserve.runtime.loading.gguf_recurrent import (
     granite_mamba,
@@ -121,7 +122,8 @@ def gguf_config(
             eos_token_ids=tokenizer.eos_token_ids,
             bos_token_id=tokenizer.bos_token_id,
             hidden_act="gelu_tanh" if gemma else "silu",
-            qk_norm=arch in ("qwen3", "gemma3", "lfm2", "qwen3_5"),
+            qk_norm=arch in ("qwen3", "gemma3", "lfm2", "qwen3_5", "qwen3_moe"),
+            projection_qk_norm=arch == "olmoe",
             sandwich_norm=gemma,
             embedding_multiplier=float(hidden_size) ** 0.5
             if gemma
@@ -145,6 +147,7 @@ def gguf_config(
             delta_net=delta_net,
             attn_output_gate=qwen3_5,
             mamba=mamba,
+            experts=gguf_experts(arch, key, num_layers) if arch in ("qwen3_moe", "olmoe") else None,
             residual_multiplier=float(key("residual_scale", 1.0)) if granite else 1.0,
             logits_scaling=float(key("logit_scale", 1.0)) if granite else 1.0,
             fused_mlp=arch == "phi3",  # llama.cpp splits Granite's shared MLP in two

@@ -8,6 +8,10 @@ Three things differ from a Hugging Face checkpoint and are undone here, tensor b
   (per head, the two rotary halves interleaved) for its rotary kernel. Qwen2, Qwen3 and Gemma 3
   are converted without it.
 
+A mixture of experts stores each layer's experts stacked (`ffn_gate_exps`: [experts, rows,
+cols]); each expert is presented as its own tensor (`mlp.experts.{e}.gate_proj.weight`), a
+slice of the stacked one's bytes, so an expert's blocks are still a view of the file.
+
 A hybrid's recurrent layers (LFM2's convolutions, Qwen3.5's DeltaNet) are stored in their own
 names, shapes and values: gguf_recurrent.py. Gemma 3's and Qwen3.5's converters also add the 1
 of their `(1 + w)` norms into the stored weights, so a GGUF's config says `norm_offset=0`. The
@@ -38,6 +42,7 @@ from nanoserve.runtime.errors import (
 )
 from nanoserve.runtime.kernels import kernel_ops
 from nanoserve.runtime.loading.encoder_names import gguf_encoder_name
+from nanoserve.runtime.loading.expert_layers import GGUF_EXPERT_PARTS
 from nanoserve.runtime.loading.gguf_blocks import GgufBlocks
 from nanoserve.runtime.loading.gguf_config import gguf_config, rope_scaling_tensors
 from nanoserve.runtime.loading.gguf_reader import GgufReader, TensorInfo
@@ -76,6 +81,8 @@ _ARCHITECTURES: dict[str, Architecture] = {
     "lfm2": "lfm2",
     "qwen35": "qwen3_5",
     "granitehybrid": "granitemoehybrid",
+    "qwen3moe": "qwen3_moe",
+    "olmoe": "olmoe",
     "bert": "bert",
     "nomic-bert": "nomic_bert",
 }
@@ -99,6 +106,7 @@ _LAYER_NAMES = {
     "ffn_norm": "post_attention_layernorm",
     "attn_q_norm": "self_attn.q_norm",
     "attn_k_norm": "self_attn.k_norm",
+    "ffn_gate_inp": "mlp.gate",  # a mixture of experts' router
 }
 # Gemma 3's four norms: llama.cpp's ffn_norm is the one before the MLP there.
 _GEMMA3_LAYER_NAMES = _LAYER_NAMES | {
@@ -175,6 +183,9 @@ class GgufFile:
             if (block := _LAYER.fullmatch(tensor.name)) and int(block.group(1)) >= layers:
                 skipped[MTP] = skipped.get(MTP, 0) + 1  # a multi-token-prediction block
                 continue
+            if (part := _LAYER_TENSOR.fullmatch(tensor.name)) and part[2] in GGUF_EXPERT_PARTS:
+                tensors.update(_experts(tensor, part[1], GGUF_EXPERT_PARTS[part[2]]))
+                continue
             name = hf_tensor_name(tensor.name, arch)
             if name is None:
                 raise WeightsError(path, f"tensor {tensor.name!r} has no Hugging Face counterpart")
@@ -250,6 +261,25 @@ class GgufFile:
             return None
         order = _unpermute_llama_rows(name, torch.arange(rows), self.config)
         return None if order is None or torch.equal(order, torch.arange(rows)) else order
+
+
+def _experts(stacked: TensorInfo, layer: str, part: str) -> dict[str, TensorInfo]:
+    """A stacked expert tensor ([experts, rows, cols]) as one tensor per expert, each a slice
+    of the file's bytes, by Hugging Face name."""
+    experts = stacked.dims[2] if len(stacked.dims) == 3 else 0
+    if not experts or stacked.num_bytes % experts:
+        raise WeightsError("gguf", f"tensor {stacked.name!r} of {stacked.dims} is not stacked")
+    size = stacked.num_bytes // experts
+    return {
+        f"model.layers.{layer}.mlp.experts.{e}.{part}.weight": TensorInfo(
+            f"{stacked.name}[{e}]",
+            stacked.type_id,
+            stacked.dims[:2],
+            stacked.offset + e * size,
+            size,
+        )
+        for e in range(experts)
+    }
 
 
 def _unpermute_llama_rows(name: str, tensor: torch.Tensor, config: ModelConfig) -> torch.Tensor:

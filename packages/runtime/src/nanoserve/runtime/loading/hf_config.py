@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from nanoserve.runtime.loading.config_fields import HF_ACTIVATIONS
+from nanoserve.runtime.loading.expert_layers import experts_to_hf
 from nanoserve.runtime.loading.model_config import Architecture, ModelConfig
 from nanoserve.runtime.loading.recurrent_layers import granite_to_hf, lfm2_to_hf, qwen3_5_to_hf
 from nanoserve.runtime.loading.rope import rope_to_hf
@@ -23,6 +24,8 @@ HF_CLASS_NAMES: dict[Architecture, str] = {
     "lfm2": "Lfm2ForCausalLM",
     "qwen3_5": "Qwen3_5ForCausalLM",
     "granitemoehybrid": "GraniteMoeHybridForCausalLM",
+    "qwen3_moe": "Qwen3MoeForCausalLM",
+    "olmoe": "OlmoeForCausalLM",
     "bert": "BertModel",
     "nomic_bert": "NomicBertModel",
 }
@@ -71,6 +74,8 @@ def config_to_hf(config: ModelConfig) -> dict[str, Any]:
         for name in ("embedding_multiplier", "residual_multiplier", "logits_scaling"):
             out[name] = getattr(config, name)
         out["attention_multiplier"] = config.attention_scale
+    if config.experts is not None:
+        out.update(experts_to_hf(config.architecture, config.experts, config.num_layers))
     if config.architecture != "qwen2":  # qwen2's bias is implied by its architecture
         out["attention_bias"] = config.attention_bias
     if config.architecture == "smollm3":

@@ -37,7 +37,7 @@ def layer_types(
         if arch == "gemma3":
             pattern = config_json.get("sliding_window_pattern", GEMMA3_SLIDING_PATTERN)
             return ["full" if (i + 1) % pattern == 0 else "sliding" for i in range(num_layers)]
-        if arch in ("qwen2", "qwen3") and config_json.get("use_sliding_window"):
+        if arch in ("qwen2", "qwen3", "qwen3_moe") and config_json.get("use_sliding_window"):
             first = config_json.get("max_window_layers", num_layers)
             return ["sliding" if i >= first else "full" for i in range(num_layers)]
         return ["sliding"] * num_layers  # a window (if any) applies to every layer
@@ -64,7 +64,8 @@ def sliding_window(
     window = config_json.get("sliding_window")
     if window is None or "sliding" not in layer_types:
         return None
-    if arch in ("qwen2", "qwen3", "smollm3") and not config_json.get("use_sliding_window"):
+    qwens = ("qwen2", "qwen3", "qwen3_moe", "smollm3")
+    if arch in qwens and not config_json.get("use_sliding_window"):
         return None  # these configs carry a window size but use it only when told to
     if isinstance(max_pos, int) and isinstance(window, int) and window >= max_pos:
         return None  # wider than any context (Phi-4-mini's 262144, Mistral's 4096 at 4k)

@@ -1,11 +1,12 @@
 """The shape of a model, and the rotary frequencies it implies.
 
 One frozen `ModelConfig` describes every architecture nanoserve runs (Llama, Qwen2, Qwen3,
-Mistral, Gemma 3, SmolLM3, Phi-3, LFM2, Qwen3.5, Granite 4.0-H): they differ only in the fields
-here, each a delta on the Llama forward (per-head q/k norms, sandwich norms, GeGLU, sliding-window
+Mistral, Gemma 3, SmolLM3, Phi-3, LFM2, Qwen3.5, Granite 4.0-H, Qwen3-MoE, OLMoE): they differ
+only in the fields here, each a delta on the Llama forward (per-head q/k norms, sandwich norms, GeGLU, sliding-window
 layers, layers without rotary, scaled or partial rotary, a gate on attention's output, scaled
 residual branches and logits, and a hybrid's recurrent layers: LFM2's short convolutions,
-Qwen3.5's gated DeltaNet, Granite's Mamba2; recurrent_layers.py), and attention both ways over
+Qwen3.5's gated DeltaNet, Granite's Mamba2; recurrent_layers.py), a mixture of experts in place
+of the MLP (Qwen3-MoE, OLMoE; expert_layers.py), and attention both ways over
 whole inputs (EmbeddingGemma; the BERT family's encoder, encoder_layers.py). It is built from a
 Hugging Face `config.json` (`from_hf`) or from GGUF metadata (`gguf_file.py`), and validated on
 construction, so a config that exists is usable.
@@ -16,9 +17,14 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
-from typing import Any, Literal, get_args
+from typing import Any
 
 from nanoserve.runtime.errors import ConfigError, UnsupportedModelError
+from nanoserve.runtime.loading.architectures import (
+    ARCHITECTURES,
+    HF_MODEL_TYPES,
+    Architecture,
+)
 from nanoserve.runtime.loading.config_fields import (
     DEFAULT_MAX_POSITIONS,
     DEFAULT_RMS_NORM_EPS,
@@ -35,6 +41,7 @@ from nanoserve.runtime.loading.encoder_layers import (
     EncoderLayers,
     encoder_fields,
 )
+from nanoserve.runtime.loading.expert_layers import ExpertLayers, hf_experts
 from nanoserve.runtime.loading.layer_pattern import (
     bidirectional_window,
     layer_types,
@@ -51,29 +58,6 @@ from nanoserve.runtime.loading.recurrent_layers import (
     qwen3_5_delta_net,
 )
 from nanoserve.runtime.loading.rope import Scaling, check_rope_scaling, number, parse_rope
-
-Architecture = Literal[
-    "llama",
-    "qwen2",
-    "qwen3",
-    "mistral",
-    "gemma3",
-    "smollm3",
-    "phi3",
-    "lfm2",
-    "qwen3_5",
-    "granitemoehybrid",
-    "bert",
-    "nomic_bert",
-]
-ARCHITECTURES: tuple[Architecture, ...] = get_args(Architecture)
-# config.json's model_type of each (Gemma 3's text-only checkpoints are "gemma3_text"; Qwen3.5's
-# text model is "qwen3_5_text", and "qwen3_5" its multimodal form, whose text_config is read)
-HF_MODEL_TYPES: dict[str, Architecture] = {
-    **{arch: arch for arch in ARCHITECTURES if arch not in ("gemma3", "bert", "nomic_bert")},
-    "gemma3_text": "gemma3",
-    "qwen3_5_text": "qwen3_5",
-}
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +81,7 @@ class ModelConfig:
     # -- the deltas on Llama's forward; the defaults are Llama's -----------------------------
     hidden_act: Activation = "silu"  # the MLP's gate: SiLU, or tanh-approximate GELU (GeGLU)
     qk_norm: bool = False  # an RMSNorm per head on q and k before rotary (Qwen3, Gemma 3)
+    projection_qk_norm: bool = False  # an RMSNorm over all of q, and of k, before rotary (OLMoE)
     sandwich_norm: bool = False  # RMSNorm on attention's and the MLP's outputs too (Gemma 3)
     norm_offset: float = 0.0  # added to every RMSNorm weight at load (Gemma's `1 + w`)
     embedding_multiplier: float = 1.0  # the embeddings times this (Gemma: sqrt(hidden))
@@ -110,6 +95,7 @@ class ModelConfig:
     # attention on their layers
     delta_net: DeltaNetLayers | None = None  # Qwen3.5's gated DeltaNet, in place of attention
     mamba: Mamba2Layers | None = None  # Granite 4.0-H's Mamba2, in place of attention
+    experts: ExpertLayers | None = None  # a mixture of experts, in place of the MLP on its layers
     attn_output_gate: bool = False  # attention's output times sigmoid of a second query half
     residual_multiplier: float = 1.0  # each layer's mixer and MLP outputs times this (Granite)
     logits_scaling: float = 1.0  # the logits divided by this (Granite)
@@ -228,7 +214,7 @@ class ModelConfig:
     def _check_deltas(self, source: str) -> None:
         if self.hidden_act not in ("silu", "gelu_tanh"):
             raise UnsupportedModelError(source, f"hidden_act={self.hidden_act!r}")
-        for name in ("qk_norm", "sandwich_norm", "fused_mlp"):
+        for name in ("qk_norm", "projection_qk_norm", "sandwich_norm", "fused_mlp"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(source, f"{name}={getattr(self, name)!r} must be a bool")
         for name in (
@@ -270,6 +256,8 @@ class ModelConfig:
             self.mamba.check(self.num_layers, source)
         if self.encoder is not None:
             self.encoder.check(source)
+        if self.experts is not None:
+            self.experts.check(self.num_layers, source)
         if not isinstance(self.attn_output_gate, bool):
             raise ConfigError(source, f"attn_output_gate={self.attn_output_gate!r} must be a bool")
 
@@ -308,6 +296,7 @@ class ModelConfig:
             )
         arch = HF_MODEL_TYPES[model_type]
         lfm2, qwen3_5, granite = arch == "lfm2", arch == "qwen3_5", arch == "granitemoehybrid"
+        moe = arch in ("qwen3_moe", "olmoe")
         check_unbuilt_fields(arch, config_json, source)
         defaults = {
             "max_position_embeddings": DEFAULT_MAX_POSITIONS[arch],
@@ -369,7 +358,8 @@ class ModelConfig:
                 eos_token_ids=token_ids(eos, "eos_token_id", source),
                 bos_token_id=bos,
                 hidden_act=act,
-                qk_norm=arch in ("qwen3", "gemma3", "lfm2", "qwen3_5"),
+                qk_norm=arch in ("qwen3", "gemma3", "lfm2", "qwen3_5", "qwen3_moe"),
+                projection_qk_norm=arch == "olmoe",
                 sandwich_norm=gemma,
                 norm_offset=1.0 if gemma or qwen3_5 else 0.0,
                 embedding_multiplier=float(hidden_size) ** 0.5
@@ -391,6 +381,7 @@ class ModelConfig:
                 attn_output_gate=qwen3_5,
                 fused_mlp=arch in ("phi3", "granitemoehybrid"),
                 mamba=granite_mamba(config_json, kinds, source) if granite else None,
+                experts=hf_experts(arch, config_json, num_layers) if moe else None,
                 residual_multiplier=granite_number(
                     config_json, "residual_multiplier", granite, source
                 ),

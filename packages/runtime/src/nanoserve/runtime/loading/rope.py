@@ -22,6 +22,8 @@ DEFAULT_ROPE_THETA: dict[str, float] = {
     "lfm2": 1_000_000.0,
     "qwen3_5": 10_000_000.0,
     "granitemoehybrid": 10000.0,
+    "qwen3_moe": 10000.0,
+    "olmoe": 10000.0,
 }
 _GEMMA3_LOCAL_ROPE_THETA = 10000.0
 GEMMA3_LOCAL_ROPE_THETA = 10000.0

@@ -29,10 +29,11 @@ from nanoserve.runtime.errors import QuantizationError
 from nanoserve.runtime.loading.checkpoint import Checkpoint
 from nanoserve.runtime.loading.encoder_layers import EncoderLayers
 from nanoserve.runtime.loading.model_config import ModelConfig
+from nanoserve.runtime.model.batch_invariance import tiled_linear
 from nanoserve.runtime.model.device import resolve_device
+from nanoserve.runtime.model.experts import ExpertUsage
 from nanoserve.runtime.model.int8_weight import Int8Weight
 from nanoserve.runtime.model.kv_pool import CacheRows
-from nanoserve.runtime.model.llama import tiled_linear
 from nanoserve.runtime.model.quant_weight import QuantLinear, QuantWeight
 from nanoserve.runtime.model.rotary import rotary_table
 from nanoserve.runtime.model.weight_forms import (
@@ -104,6 +105,7 @@ class EncoderModel:
             else rotary_table(config, positions, self.device)  # [positions, head_dim] each
         )
         self.weight_types = describe_types(self.quant_weights()) if kernel_ops else None
+        self.expert_usage: ExpertUsage | None = None  # an encoder routes to no experts
         self.weight_fallbacks = describe_fallbacks(self.quant_weights())
 
     def _load(self, weights: dict[str, Source], quantize: str | None) -> None:

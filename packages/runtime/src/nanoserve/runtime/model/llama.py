@@ -10,7 +10,9 @@ only its attention layers hold K/V (the pool's layer `kv_index[layer]`). Qwen3.5
 too: its linear-attention layers run gated DeltaNet (delta_net.py), whose convolution window
 and state matrix live in the state pool; its attention layers gate their output by a sigmoid
 of a second query projection. Granite 4.0-H's Mamba2 layers (mamba2.py) keep theirs there too,
-and its branches and logits are scaled (`residual_multiplier`, `logits_scaling`).
+and its branches and logits are scaled (`residual_multiplier`, `logits_scaling`). Qwen3-MoE
+and OLMoE route each token to k experts in place of the MLP (experts.py); OLMoE normalizes
+the whole q and k projections rather than each head.
 
 One forward takes either a DecodePlan (one token per row; the step that is bucketed and
 recorded) or a PrefillPlan (chunks of prompts, and decode rows as chunks of one token). Each
@@ -38,9 +40,11 @@ from nanoserve.runtime.loading.checkpoint import (
 )
 from nanoserve.runtime.loading.gguf_blocks import GgufBlocks
 from nanoserve.runtime.loading.model_config import ModelConfig
+from nanoserve.runtime.model.batch_invariance import attention_dtype, invariance, tiled_linear
 from nanoserve.runtime.model.delta_net import delta_net
 from nanoserve.runtime.model.device import resolve_device
 from nanoserve.runtime.model.embedding import QuantEmbedding
+from nanoserve.runtime.model.experts import ExpertUsage, ExpertWeights, mix_experts
 from nanoserve.runtime.model.int8_weight import Int8Weight
 from nanoserve.runtime.model.kv_pool import CacheRows
 from nanoserve.runtime.model.layer_kind import layer_kinds
@@ -62,47 +66,6 @@ from nanoserve.runtime.model.weight_forms import (
     prepare_kernels,
 )
 from nanoserve.runtime.model.whole_attention import whole_attention
-
-# MKL's fp32 GEMM picks its kernel by the number of rows, and which counts share a kernel
-# differs per CPU (Zen 3/4: 1, 2-3, multiples of 4; an Intel AMX Xeon: 1, 2-15, 16 and up);
-# oneDNN's bf16 GEMM on that Xeon changes kernel past 32 rows. At one fixed count a row's
-# result ignores the other rows and its position among them on every CPU measured, so the
-# batch-invariant torch path calls its GEMMs on tiles of exactly one size: 4 rows in float32
-# (the cheapest for decode), 32 in bf16 (decode as fast as untiled, prefill faster than 4-row
-# tiles).
-INVARIANT_ROW_TILE = {torch.float32: 4}
-BF16_ROW_TILE = 32
-
-
-def attention_dtype(
-    dtype: torch.dtype, batch_invariant: bool, device: torch.device | str = "cpu"
-) -> torch.dtype:
-    """What torch's attention matmuls run in. On a CPU with invariance asked for: float64,
-    whatever the model's dtype (padding width and kernel shape then leave no trace once rounded
-    back; bf16's own oneDNN kernels were invariant on a Zen 4 but not on an Intel AMX Xeon).
-    Otherwise the model's dtype (float32 for fp32). On CUDA always the model's dtype: float64
-    and row tiles are recipes measured against MKL and oneDNN, not cuBLAS, and float64 is slow
-    there; see `invariance`. (nanoserve's CPU kernels accumulate in float32 in one fixed order,
-    and need neither.)"""
-    cpu = torch.device(device).type == "cpu"
-    return torch.float64 if batch_invariant and cpu else dtype
-
-
-def invariance(
-    dtype: torch.dtype, batch_invariant: bool, device: torch.device | str, kernels: str = "torch"
-) -> str:
-    """What a row's tokens are independent of, per backend, as measured or as built:
-
-    - "batch, bucket and ISA" (nanoserve's CPU kernels): alone, batched, padded to any bucket,
-      on any x86 CPU — each number has one order of operations, by construction;
-    - "batch and bucket" (torch on a CPU, batch_invariant): alone, batched, padded to any
-      bucket, on this CPU class (see the README's per-ISA table);
-    - "bucket shape" (CUDA, or batch_invariant off): the same bucket shape gives the same
-      bits (recorded == eager at that shape); across shapes the BLAS may pick other kernels."""
-    if kernels == "nanoserve":
-        return "batch, bucket and ISA"
-    cpu = torch.device(device).type == "cpu"
-    return "batch and bucket" if batch_invariant and cpu else "bucket shape"
 
 
 class LlamaModel:
@@ -170,6 +133,13 @@ class LlamaModel:
         )
         self.kernels = linear_kernels(quantize, dtype, self.device)
         self.invariance = invariance(dtype, batch_invariant, self.device, self.ops.name)
+        # Which experts have run since boot (/health), by routed layer: its ordinal among them.
+        routed = [layer.experts for layer in self.layers if layer.experts is not None]
+        self.routed_index: dict[int, int] = {}
+        self.expert_usage: ExpertUsage | None = None
+        if config.experts is not None and routed:
+            self.routed_index = {i: n for n, i in enumerate(config.experts.layers)}
+            self.expert_usage = ExpertUsage(routed, config.experts)
         self.weight_types = self._weight_types()  # for the boot line and /health
         # The stored types served in another (re-quantized), or None.
         self.weight_fallbacks = describe_fallbacks(self.quant_weights())
@@ -183,6 +153,9 @@ class LlamaModel:
             for layer in self.layers
             for w in (layer.qkv, layer.attn_gate, layer.o, layer.gate_up, layer.down)
         ]
+        for layer in self.layers:
+            if layer.experts is not None:
+                linears += [*layer.experts.gate_up, *layer.experts.down]
         return [p for w in (*linears, self.lm_head) if isinstance(w, QuantLinear) for p in w.parts]
 
     def _weight_types(self) -> str | None:
@@ -263,6 +236,33 @@ class LlamaModel:
         if self.batch_invariant and x.device.type == "cpu":
             return tiled_linear(x, w, b)
         return F.linear(x, w, b)
+
+    def _experts(self, h: torch.Tensor, weights: ExpertWeights, layer: int) -> torch.Tensor:
+        """A routed layer's output: [tokens, hidden] (experts.py)."""
+        assert self.config.experts is not None and self.expert_usage is not None
+        usage, routed = self.expert_usage, self.routed_index[layer]
+
+        def run(rows: torch.Tensor, expert: int) -> torch.Tensor:
+            usage.ran(routed, expert)
+            gate_up = self._linear(rows, weights.gate_up[expert])
+            return self._linear(self.ops.gated_act(gate_up), weights.down[expert])
+
+        logits = self._linear(h.to(weights.router.dtype), weights.router)
+        return mix_experts(h, weights, self.config.experts, run, logits)
+
+    def _projection_norms(
+        self, qkv: torch.Tensor, norms: tuple[torch.Tensor, torch.Tensor]
+    ) -> torch.Tensor:
+        """OLMoE's RMSNorms over the whole q and the whole k projection (v untouched)."""
+        q, kv = self.config.q_size, self.config.kv_size
+        return torch.cat(
+            (
+                self.ops.rms_norm(qkv[:, :q], norms[0]).to(qkv.dtype),
+                self.ops.rms_norm(qkv[:, q : q + kv], norms[1]).to(qkv.dtype),
+                qkv[:, q + kv :],
+            ),
+            dim=1,
+        )
 
     # -- forward --------------------------------------------------------------------------
 
@@ -352,6 +352,8 @@ class LlamaModel:
             else:
                 table = None if kind.rotary is None else rotary[kind.rotary]
                 kv = self.kv_index[index]  # the layer's K/V in the pool (attention layers only)
+                if layer.projection_norms is not None:  # OLMoE: q and k normed whole
+                    mixer_in = self._projection_norms(mixer_in, layer.projection_norms)
                 q = ops.rotate_and_cache(mixer_in, table, plan, cache, kv, layer.qk_norms)
                 h_gate = h
                 if trim:
@@ -369,8 +371,12 @@ class LlamaModel:
             if cfg.residual_multiplier != 1.0:
                 attn = attn * cfg.residual_multiplier
             h = ops.add_rms_norm(x, attn, layer.post_norm)
-            gate_up = self._linear(h, layer.gate_up)  # [tokens, 2 * intermediate]
-            down = self._linear(ops.gated_act(gate_up), layer.down)  # [tokens, hidden]
+            if layer.experts is not None:  # a mixture of experts in place of the MLP
+                down = self._experts(h, layer.experts, index)
+            else:
+                assert layer.gate_up is not None and layer.down is not None
+                gate_up = self._linear(h, layer.gate_up)  # [tokens, 2 * intermediate]
+                down = self._linear(ops.gated_act(gate_up), layer.down)  # [tokens, hidden]
             if layer.mlp_out_norm is not None:
                 down = ops.rms_norm(down, layer.mlp_out_norm)
             if cfg.residual_multiplier != 1.0:
@@ -385,17 +391,6 @@ class LlamaModel:
             else:
                 logit_rows = plan.last_token_idx
         return ops.rms_norm(x[logit_rows], self.norm)
-
-
-def tiled_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
-    """F.linear on row tiles of exactly one size for x's dtype (the last one zero-padded)."""
-    rows, tile = x.shape[0], INVARIANT_ROW_TILE.get(x.dtype, BF16_ROW_TILE)
-    pad = -rows % tile
-    if pad:
-        x = torch.cat((x, x.new_zeros(pad, x.shape[1])))
-    if rows + pad == tile:
-        return F.linear(x, w, b)[:rows]
-    return torch.cat([F.linear(part, w, b) for part in x.split(tile)])[:rows]
 
 
 weight_shapes = expected_tensor_shapes  # every weight the model takes, by HF name: its shape

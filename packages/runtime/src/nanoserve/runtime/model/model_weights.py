@@ -5,7 +5,8 @@ A layer's projections are fused as the forward calls them (q, k and v as one qkv
 as one; a DeltaNet layer's four input projections as one), norms carry Gemma's and Qwen3.5's
 (1 + w) offset already added, and the output projection is the embedding table itself where it
 is tied and unquantized. Qwen3.5's query projection, each head's query then its output gate,
-is split into the two linears the forward calls.
+is split into the two linears the forward calls. A routed layer (a mixture of experts) has a
+router and each expert's gate-and-up and down in place of the MLP's two linears.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from nanoserve.runtime.loading.gguf_blocks import GgufBlocks
 from nanoserve.runtime.loading.model_config import ModelConfig
 from nanoserve.runtime.model.delta_net import DeltaNetWeights
 from nanoserve.runtime.model.embedding import QuantEmbedding
+from nanoserve.runtime.model.experts import ExpertWeights
 from nanoserve.runtime.model.mamba2 import Mamba2Weights
 from nanoserve.runtime.model.weight_forms import KERNEL_FORMS, Linear, Source, dense, make_linear
 
@@ -37,8 +39,8 @@ class LayerWeights:
     qkv: Linear  # [(heads + 2 * kv_heads) * head_dim, hidden]
     qkv_bias: torch.Tensor | None
     o: Linear  # [hidden, heads * head_dim]
-    gate_up: Linear  # [2 * intermediate, hidden]
-    down: Linear  # [hidden, intermediate]
+    gate_up: Linear | None  # [2 * intermediate, hidden]; None where experts replace the MLP
+    down: Linear | None  # [hidden, intermediate]
     input_norm: torch.Tensor  # [hidden]
     post_norm: torch.Tensor  # [hidden], before the MLP
     qk_norms: tuple[torch.Tensor, torch.Tensor] | None = None  # [head_dim] each (Qwen3, Gemma 3)
@@ -50,6 +52,9 @@ class LayerWeights:
     delta: DeltaNetWeights | None = None  # a DeltaNet layer's kernel, decay and norm
     mamba: Mamba2Weights | None = None  # a Mamba2 layer's kernel, decay, skip and norm
     attn_gate: Linear | None = None  # [heads * head_dim, hidden]: Qwen3.5's output gate
+    experts: ExpertWeights | None = None  # a routed layer's router and experts
+    # [q] and [kv]: RMSNorms over the whole q and k projections (OLMoE)
+    projection_norms: tuple[torch.Tensor, torch.Tensor] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,18 +174,35 @@ def assemble_weights(
             }
         return None
 
+    def mlp(i: int) -> dict[str, Any]:
+        """Layer i's MLP as LayerWeights fields: its two linears, or a router and experts."""
+        p = f"model.layers.{i}.mlp."
+        if config.experts is not None and i in config.experts.layers:
+            e = range(config.experts.num_experts)
+            experts = ExpertWeights(
+                router=take(f"{p}gate.weight", small_dtype),
+                gate_up=tuple(
+                    linear(f"{p}experts.{j}.gate_proj.weight", f"{p}experts.{j}.up_proj.weight")
+                    for j in e
+                ),
+                down=tuple(linear(f"{p}experts.{j}.down_proj.weight") for j in e),
+            )
+            return {"gate_up": None, "down": None, "experts": experts}
+        parts = ["gate_up"] if config.fused_mlp else ["gate", "up"]
+        return {
+            "gate_up": linear(*(f"{p}{n}_proj.weight" for n in parts)),
+            "down": linear(f"{p}down_proj.weight"),
+        }
+
     for i in range(config.num_layers):
         p = f"model.layers.{i}."
         norms = {n: norm(f"{p}{n}.weight") for n in norm_names}
-        mlp = [f"{p}mlp.{n}_proj" for n in (["gate_up"] if config.fused_mlp else ["gate", "up"])]
-        mlp = [f"{m}.weight" for m in mlp]
         mixer = recurrent_mixer(i)
         if mixer is not None:  # a recurrent layer's mixer, then the MLP every layer has
             layers.append(
                 LayerWeights(
                     **mixer,
-                    gate_up=linear(*mlp),
-                    down=linear(f"{p}mlp.down_proj.weight"),
+                    **mlp(i),
                     input_norm=norms["input_layernorm"],
                     post_norm=norms["post_attention_layernorm"],
                 )
@@ -192,6 +214,11 @@ def assemble_weights(
         qk_norms = (
             (norm(f"{p}self_attn.q_norm.weight"), norm(f"{p}self_attn.k_norm.weight"))
             if config.qk_norm
+            else None
+        )
+        projection_norms = (
+            (norm(f"{p}self_attn.q_norm.weight"), norm(f"{p}self_attn.k_norm.weight"))
+            if config.projection_qk_norm
             else None
         )
         attn_gate = None
@@ -208,14 +235,14 @@ def assemble_weights(
                 if has_bias
                 else None,
                 o=linear(f"{p}self_attn.o_proj.weight"),
-                gate_up=linear(*mlp),
-                down=linear(f"{p}mlp.down_proj.weight"),
+                **mlp(i),
                 input_norm=norms["input_layernorm"],
                 post_norm=norms.get("pre_feedforward_layernorm", norms["post_attention_layernorm"]),
                 qk_norms=qk_norms,
                 attn_out_norm=norms["post_attention_layernorm"] if config.sandwich_norm else None,
                 mlp_out_norm=norms.get("post_feedforward_layernorm"),
                 attn_gate=attn_gate,
+                projection_norms=projection_norms,
             )
         )
     final_norm = norm("model.norm.weight")

@@ -312,6 +312,11 @@ def boot_line(engine: Engine, seconds: float) -> str:
         *([f"weights=[{types}]"] if (types := engine.runner.model.weight_types) else []),
         f"kv_blocks={plan.num_blocks}x{plan.block_size}",
     ]
+    if (usage := engine.runner.model.expert_usage) is not None:
+        experts = usage.experts
+        parts.insert(
+            -1, f"experts={experts.num_experts}x{len(usage.sizes)} top{experts.experts_per_token}"
+        )
     if (state := engine.state_plan).tensors:
         parts.append(
             f"state_slots={state.num_slots - state.checkpoint_slots}"

@@ -1,0 +1,31 @@
+"""The families nanoserve runs, by the name ModelConfig gives each, and the `model_type` a
+Hugging Face config.json gives it."""
+
+from __future__ import annotations
+
+from typing import Literal, get_args
+
+Architecture = Literal[
+    "llama",
+    "qwen2",
+    "qwen3",
+    "mistral",
+    "gemma3",
+    "smollm3",
+    "phi3",
+    "lfm2",
+    "qwen3_5",
+    "granitemoehybrid",
+    "qwen3_moe",
+    "olmoe",
+    "bert",
+    "nomic_bert",
+]
+ARCHITECTURES: tuple[Architecture, ...] = get_args(Architecture)
+# config.json's model_type of each (Gemma 3's text-only checkpoints are "gemma3_text"; Qwen3.5's
+# text model is "qwen3_5_text", and "qwen3_5" its multimodal form, whose text_config is read)
+HF_MODEL_TYPES: dict[str, Architecture] = {
+    **{arch: arch for arch in ARCHITECTURES if arch not in ("gemma3", "bert", "nomic_bert")},
+    "gemma3_text": "gemma3",
+    "qwen3_5_text": "qwen3_5",
+}

@@ -1,0 +1,131 @@
+"""A mixture of experts in a model's config: which layers route each token to experts in place
+of the dense MLP, how many experts there are and how wide, how many a token takes, and how the
+router's scores become the weights of the chosen.
+
+Qwen3-MoE and OLMoE score every expert by a softmax over the router's logits, take the k
+highest, and (Qwen3-MoE's `norm_topk_prob`) rescale the k weights to sum to one, or (OLMoE)
+keep them as they are. Each expert is a SwiGLU MLP of its own (`moe_intermediate_size` wide for
+Qwen3-MoE, `intermediate_size` for OLMoE, which has no dense MLP); the layer's output is the
+weighted sum of its token's k experts. Qwen3-MoE may keep a dense MLP on some layers
+(`mlp_only_layers`, `decoder_sparse_step`); every released checkpoint routes on all of them.
+
+A Hugging Face checkpoint stores each expert's linears apart (`mlp.experts.{e}.gate_proj`),
+the router as `mlp.gate`; a GGUF stores them stacked (`ffn_gate_exps`: [experts, rows, cols])
+and the router as `ffn_gate_inp`, with the counts as `{arch}.expert_count`,
+`{arch}.expert_used_count` and the width as `{arch}.expert_feed_forward_length`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from nanoserve.runtime.errors import ConfigError, UnsupportedModelError
+
+Scoring = Literal["softmax"]  # softmax over all experts, then the top k
+
+
+@dataclass(frozen=True, slots=True)
+class ExpertLayers:
+    """The layers that route to experts, and the experts' shape and routing."""
+
+    layers: tuple[int, ...]
+    num_experts: int
+    experts_per_token: int  # k: the experts each token's row runs through
+    intermediate_size: int  # one expert's MLP width
+    normalize: bool  # the k chosen weights rescaled to sum to one
+    scoring: Scoring = "softmax"
+
+    def check(self, num_layers: int, source: str) -> None:
+        for name in ("num_experts", "experts_per_token", "intermediate_size"):
+            value = getattr(self, name)
+            if type(value) is not int or value <= 0:
+                raise ConfigError(source, f"experts: {name}={value!r} must be a positive integer")
+        if self.experts_per_token > self.num_experts:
+            raise ConfigError(
+                source,
+                f"num_experts_per_tok={self.experts_per_token} exceeds"
+                f" num_experts={self.num_experts}",
+            )
+        if not isinstance(self.normalize, bool):
+            raise ConfigError(source, f"norm_topk_prob={self.normalize!r} must be a bool")
+        if self.scoring != "softmax":
+            raise UnsupportedModelError(source, f"expert scoring {self.scoring!r}")
+        if any(type(i) is not int or not 0 <= i < num_layers for i in self.layers):
+            raise ConfigError(
+                source, f"expert layers {self.layers} name a layer outside 0..{num_layers - 1}"
+            )
+
+    def expert_shapes(self, prefix: str, hidden: int) -> dict[str, tuple[int, ...]]:
+        """One routed layer's tensors by Hugging Face name: the router, then each expert's
+        gate, up and down projections."""
+        inter = self.intermediate_size
+        shapes: dict[str, tuple[int, ...]] = {f"{prefix}.gate.weight": (self.num_experts, hidden)}
+        for e in range(self.num_experts):
+            shapes[f"{prefix}.experts.{e}.gate_proj.weight"] = (inter, hidden)
+            shapes[f"{prefix}.experts.{e}.up_proj.weight"] = (inter, hidden)
+            shapes[f"{prefix}.experts.{e}.down_proj.weight"] = (hidden, inter)
+        return shapes
+
+
+def hf_experts(arch: str, config_json: Mapping[str, Any], num_layers: int) -> ExpertLayers:
+    """Qwen3-MoE's or OLMoE's experts from config.json (types checked by `check`)."""
+    # transformers 5 writes `num_local_experts` where the checkpoints say `num_experts`
+    experts = config_json.get("num_experts", config_json.get("num_local_experts"))
+    if arch == "olmoe":  # every layer routes; the experts are `intermediate_size` wide
+        layers = tuple(range(num_layers))
+        width = config_json.get("intermediate_size")
+    else:
+        dense = set(config_json.get("mlp_only_layers") or ())
+        step = config_json.get("decoder_sparse_step", 1) or 1
+        layers = tuple(i for i in range(num_layers) if i not in dense and (i + 1) % step == 0)
+        width = config_json.get("moe_intermediate_size")
+    return ExpertLayers(
+        layers=layers,
+        num_experts=experts,
+        experts_per_token=config_json.get("num_experts_per_tok"),  # type: ignore[arg-type]
+        intermediate_size=width,  # type: ignore[arg-type]
+        normalize=bool(config_json.get("norm_topk_prob", False)),
+    )
+
+
+def experts_to_hf(arch: str, experts: ExpertLayers, num_layers: int) -> dict[str, Any]:
+    """The expert fields of a transformers 5 config.json."""
+    out: dict[str, Any] = {
+        "num_experts": experts.num_experts,
+        "num_experts_per_tok": experts.experts_per_token,
+        "norm_topk_prob": experts.normalize,
+        "output_router_logits": False,
+    }
+    if arch == "qwen3_moe":
+        out["moe_intermediate_size"] = experts.intermediate_size
+        out["decoder_sparse_step"] = 1
+        out["mlp_only_layers"] = [i for i in range(num_layers) if i not in experts.layers]
+    return out
+
+
+# GGUF's stacked expert tensors -> each expert's linear, by Hugging Face part name
+GGUF_EXPERT_PARTS = {
+    "ffn_gate_exps": "gate_proj",
+    "ffn_up_exps": "up_proj",
+    "ffn_down_exps": "down_proj",
+}
+GGUF_ROUTER = "ffn_gate_inp"
+# Whether llama.cpp rescales each family's k weights (its graph fixes it, the file does not say)
+GGUF_NORMALIZE = {"qwen3_moe": True, "olmoe": False}
+
+
+def gguf_experts(arch: str, key: Callable[..., Any], num_layers: int) -> ExpertLayers | None:
+    """A GGUF's experts (`key` reads `{arch}.<name>`), or None when it has none."""
+    count = key("expert_count", None)
+    if not count:
+        return None
+    width = key("expert_feed_forward_length", None) or key("feed_forward_length")
+    return ExpertLayers(
+        layers=tuple(range(num_layers)),
+        num_experts=int(count),
+        experts_per_token=int(key("expert_used_count")),
+        intermediate_size=int(width),
+        normalize=bool(key("expert_weights_norm", GGUF_NORMALIZE.get(arch, False))),
+    )

@@ -1,0 +1,178 @@
+"""A mixture of experts in place of a layer's MLP: the router scores the experts, each token's
+row runs through the k it chose, and their outputs are summed by the router's weights.
+
+Routing (`route`) is float32 softmax over the router's logits, the k highest (ties to the lower
+expert index, as a stable sort orders them), optionally rescaled to sum to one.
+
+Dispatch has two forms, one result. Eagerly (`grouped`), a step sorts its (row, slot) pairs by
+expert and runs each chosen expert once on the rows that chose it: at one row, k GEMVs, and only
+the chosen experts' weights are read. A recorded step cannot size an expert's batch by how many
+rows chose it (a graph's shapes are fixed, and reading the counts is a host sync), so there
+(`static`: on CUDA, and under the capture guard) every expert runs on every row and each slot
+takes its expert's output by a mask. The linears are row-independent and each slot is a copy of
+its expert's row, so both forms give every row the same bits; the k slots are then summed in
+rank order, the same adds in both.
+
+`ExpertUsage` keeps which experts have run since boot: the share of the experts' bytes a
+deployment has read, which /health reports.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass
+
+import torch
+
+from nanoserve.runtime.loading.expert_layers import ExpertLayers
+from nanoserve.runtime.model.int8_weight import Int8Weight
+from nanoserve.runtime.model.quant_weight import QuantLinear
+from nanoserve.runtime.model.weight_forms import Linear, describe_types
+
+_STATIC = ContextVar("static_expert_dispatch", default=False)
+
+
+@dataclass(frozen=True, slots=True)
+class ExpertWeights:
+    """One routed layer's router and experts."""
+
+    router: torch.Tensor  # [experts, hidden] float32
+    gate_up: tuple[Linear, ...]  # per expert: [2 * intermediate, hidden], gate then up
+    down: tuple[Linear, ...]  # per expert: [hidden, intermediate]
+
+
+@contextmanager
+def static_dispatch() -> Iterator[None]:
+    """Within: every routed layer dispatches statically (what a recording needs)."""
+    token = _STATIC.set(True)
+    try:
+        yield
+    finally:
+        _STATIC.reset(token)
+
+
+def is_static(device: torch.device) -> bool:
+    """Whether a routed layer on `device` dispatches statically here: on CUDA always (a step
+    may be captured), elsewhere within `static_dispatch` (a recording, a trace)."""
+    return device.type != "cpu" or _STATIC.get()
+
+
+def route(logits: torch.Tensor, experts: ExpertLayers) -> tuple[torch.Tensor, torch.Tensor]:
+    """The router's logits [rows, experts] as each row's k weights (float32) and experts
+    (int64), [rows, k] each, best first."""
+    probs = torch.softmax(logits.float(), dim=-1)
+    ranked, order = torch.sort(probs, dim=-1, descending=True, stable=True)
+    weights, chosen = ranked[:, : experts.experts_per_token], order[:, : experts.experts_per_token]
+    if experts.normalize:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    return weights, chosen
+
+
+ExpertFn = Callable[[torch.Tensor, int], torch.Tensor]  # (rows, expert) -> [rows, hidden]
+
+
+def grouped(h: torch.Tensor, chosen: torch.Tensor, num_experts: int, run: ExpertFn) -> torch.Tensor:
+    """Each chosen expert once, on the rows that chose it: [rows, k, hidden] outputs."""
+    rows, k = chosen.shape
+    flat = chosen.flatten()
+    order = torch.argsort(flat, stable=True)  # the (row, slot) pairs, grouped by expert
+    counts = torch.bincount(flat, minlength=num_experts).tolist()
+    outputs: torch.Tensor | None = None
+    start = 0
+    for expert, count in enumerate(counts):
+        if not count:
+            continue
+        pairs = order[start : start + count]
+        start += count
+        out = run(h[pairs // k], expert)
+        if outputs is None:
+            outputs = out.new_empty(rows * k, out.shape[1])
+        outputs[pairs] = out
+    assert outputs is not None, "a routed layer ran on no rows"
+    return outputs.view(rows, k, -1)
+
+
+def static(h: torch.Tensor, chosen: torch.Tensor, num_experts: int, run: ExpertFn) -> torch.Tensor:
+    """Every expert on every row, each slot taking its expert's: [rows, k, hidden] outputs,
+    with shapes that do not depend on the routing."""
+    outputs: torch.Tensor | None = None
+    for expert in range(num_experts):
+        out = run(h, expert)[:, None, :]  # [rows, 1, hidden]
+        taken = (chosen == expert)[:, :, None]  # [rows, k, 1]
+        outputs = torch.where(taken, out, out.new_zeros(()) if outputs is None else outputs)
+    assert outputs is not None
+    return outputs
+
+
+def mix_experts(
+    h: torch.Tensor,
+    weights: ExpertWeights,
+    experts: ExpertLayers,
+    run: ExpertFn,
+    router_logits: torch.Tensor,
+) -> torch.Tensor:
+    """The routed MLP's output [rows, hidden]: each row's k experts' outputs times their
+    weights, summed in rank order."""
+    mix, chosen = route(router_logits, experts)
+    dispatch = static if is_static(h.device) else grouped
+    outputs = dispatch(h, chosen, experts.num_experts, run)  # [rows, k, hidden]
+    mix = mix.to(outputs.dtype)
+    total = outputs[:, 0] * mix[:, :1]
+    for slot in range(1, experts.experts_per_token):
+        total = total + outputs[:, slot] * mix[:, slot : slot + 1]
+    return total
+
+
+def linear_bytes(w: Linear) -> int:
+    """The bytes a linear's weights hold as served."""
+    if isinstance(w, QuantLinear):
+        return sum(p.packed.numel() for p in w.parts)
+    if isinstance(w, Int8Weight):
+        return w.q.numel() + w.scale.numel() * w.scale.element_size()
+    return w.numel() * w.element_size()
+
+
+class ExpertUsage:
+    """Which experts have run since boot, per routed layer (a flag each: the step thread sets
+    them while /health reads, and a flag never resizes)."""
+
+    def __init__(self, layers: Sequence[ExpertWeights], experts: ExpertLayers) -> None:
+        self.experts = experts
+        self.sizes = [
+            [linear_bytes(g) + linear_bytes(d) for g, d in zip(w.gate_up, w.down, strict=True)]
+            for w in layers
+        ]
+        self.flags = [bytearray(len(sizes)) for sizes in self.sizes]
+        parts = [p for w in layers for lin in (*w.gate_up, *w.down) if isinstance(lin, QuantLinear)
+                 for p in lin.parts]  # fmt: skip
+        self.types = describe_types(parts) if parts else None
+
+    def ran(self, layer: int, expert: int) -> None:
+        self.flags[layer][expert] = 1
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(sum(sizes) for sizes in self.sizes)
+
+    def touched_share(self) -> float:
+        """The share of the experts' bytes that have run at least once, 0..1."""
+        touched = sum(
+            size
+            for sizes, flags in zip(self.sizes, self.flags, strict=True)
+            for size, flag in zip(sizes, bytes(flags), strict=True)
+            if flag
+        )
+        return touched / self.total_bytes if self.total_bytes else 0.0
+
+    def as_dict(self) -> dict[str, object]:
+        """/health's `experts`: the counts, the types served, the bytes and the share read."""
+        return {
+            "experts": self.experts.num_experts,
+            "per_token": self.experts.experts_per_token,
+            "routed_layers": len(self.sizes),
+            "types": self.types,
+            "bytes": self.total_bytes,
+            "touched_share": round(self.touched_share(), 4),
+        }

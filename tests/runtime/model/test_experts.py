@@ -1,0 +1,117 @@
+"""experts.py: routing against a float64 reference on hand-set router logits with ties, and the
+two dispatches (grouped by expert eagerly, every expert under a mask when recorded) giving each
+row the same bits, the eager one running only the chosen experts."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from nanoserve.runtime.decode.capture_guard import CaptureSafetyError, capture_guard
+from nanoserve.runtime.loading.expert_layers import ExpertLayers
+from nanoserve.runtime.model.experts import grouped, is_static, route, static, static_dispatch
+
+
+def experts_of(num: int = 4, k: int = 2, normalize: bool = False) -> ExpertLayers:
+    return ExpertLayers(
+        layers=(0,), num_experts=num, experts_per_token=k, intermediate_size=8, normalize=normalize
+    )
+
+
+def reference_route(logits: torch.Tensor, k: int, normalize: bool) -> list[list[tuple[int, float]]]:
+    """float64, row by row: the k largest softmax probabilities, ties to the lower index."""
+    out = []
+    for row in logits.double():
+        probs = torch.softmax(row, dim=0).tolist()
+        ranked = sorted(range(len(probs)), key=lambda e: (-probs[e], e))[:k]
+        total = sum(probs[e] for e in ranked) if normalize else 1.0
+        out.append([(e, probs[e] / total) for e in ranked])
+    return out
+
+
+LOGITS = torch.tensor(
+    [
+        [1.0, 1.0, 1.0, 1.0],  # all tied: experts 0 and 1
+        [0.0, 2.0, 2.0, -1.0],  # a tie for first: 1, then 2
+        [3.0, -1.0, 0.5, 0.5],  # a tie for second: 0, then 2
+        [-5.0, 4.0, -5.0, 4.5],  # clear: 3, then 1
+    ]
+)
+
+
+@pytest.mark.parametrize("normalize", [False, True])
+def test_routing_matches_float64_with_ties_to_the_lower_expert(normalize: bool) -> None:
+    weights, chosen = route(LOGITS, experts_of(normalize=normalize))
+    expected = reference_route(LOGITS, 2, normalize)
+    assert chosen.tolist() == [[0, 1], [1, 2], [0, 2], [3, 1]]
+    assert chosen.tolist() == [[e for e, _ in row] for row in expected]
+    want = torch.tensor([[w for _, w in row] for row in expected], dtype=torch.float64)
+    assert torch.allclose(weights.double(), want, rtol=2e-7, atol=0)
+    assert weights.dtype == torch.float32
+    if normalize:
+        assert weights[0].tolist() == [0.5, 0.5]
+    else:
+        assert weights[0].tolist() == [0.25, 0.25]
+
+
+@given(
+    rows=st.integers(1, 9),
+    k=st.integers(1, 4),
+    seed=st.integers(0, 2**16),
+    ties=st.booleans(),
+)
+@settings(max_examples=40, deadline=None)
+def test_grouped_and_static_give_every_row_the_same_bits(
+    rows: int, k: int, seed: int, ties: bool
+) -> None:
+    generator = torch.Generator().manual_seed(seed)
+    logits = torch.randn(rows, 5, generator=generator)
+    if ties:
+        logits = logits.round()  # whole numbers: many ties
+    _, chosen = route(logits, experts_of(num=5, k=k))
+    h = torch.randn(rows, 6, generator=generator)
+    mats = torch.randn(5, 6, 6, generator=generator)
+
+    def run(x: torch.Tensor, expert: int) -> torch.Tensor:
+        return x @ mats[expert] + expert  # row-independent, and each expert distinct
+
+    eager, recorded = grouped(h, chosen, 5, run), static(h, chosen, 5, run)
+    assert torch.equal(eager, recorded)
+    for r in range(rows):  # each slot is its expert's output of its row alone
+        for slot in range(k):
+            assert torch.equal(eager[r, slot], run(h[r : r + 1], int(chosen[r, slot]))[0])
+
+
+def test_eager_dispatch_runs_only_the_chosen_experts_once_each() -> None:
+    chosen = torch.tensor([[2, 0], [2, 3], [0, 2]])
+    calls: list[tuple[int, int]] = []
+
+    def run(x: torch.Tensor, expert: int) -> torch.Tensor:
+        calls.append((expert, x.shape[0]))
+        return x * expert
+
+    grouped(torch.ones(3, 4), chosen, 6, run)
+    assert calls == [(0, 2), (2, 3), (3, 1)]  # experts 1, 4 and 5 untouched
+
+
+def test_a_recording_dispatches_statically_and_stays_on_its_device() -> None:
+    """Under the capture guard the dispatch sizes nothing by the routing: eager grouping there
+    is refused (its counts' shape is the routing's), the static form passes."""
+    assert not is_static(torch.device("cpu"))
+    with static_dispatch():
+        assert is_static(torch.device("cpu"))
+    assert is_static(torch.device("cuda"))
+    h = torch.randn(3, 4)
+    chosen = torch.tensor([[2, 0], [2, 3], [0, 2]])
+
+    def run(x: torch.Tensor, expert: int) -> torch.Tensor:
+        return x * (expert + 1)
+
+    with capture_guard("cpu"):
+        assert is_static(h.device)
+        out = static(h, chosen, 4, run)
+    assert torch.equal(out, grouped(h, chosen, 4, run))
+    with pytest.raises(CaptureSafetyError, match="bincount"), capture_guard("cpu"):
+        grouped(h, chosen, 4, run)

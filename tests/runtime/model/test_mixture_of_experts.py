@@ -1,0 +1,125 @@
+"""Qwen3-MoE and OLMoE: greedy tokens against transformers (recomputing everything), on a prefix
+cache hit, with a dense layer among the routed ones, and their configs from both loaders.
+Alone, batched, eager, bucketed, recorded, the kernels and the CUDA trace are in
+test_architectures.py; routing and dispatch in test_experts.py."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from nanoserve.runtime.errors import UnsupportedModelError
+from nanoserve.runtime.loading.checkpoint import load_checkpoint
+from nanoserve.runtime.model.llama import LlamaModel
+from tests.runtime.hybrid_engine import PROMPT, engine_of, greedy, transformers_greedy
+from tests.runtime.paged_logits import paged_logits, rel_error
+
+FAMILIES = ["qwen3_moe", "olmoe"]
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def moe_dir(
+    request: pytest.FixtureRequest,
+    tmp_path_factory: pytest.TempPathFactory,
+    make_tiny_model_dir: Callable[..., Path],
+) -> Path:
+    return make_tiny_model_dir(tmp_path_factory.mktemp(request.param), arch=request.param)
+
+
+@pytest.fixture(scope="module")
+def reference(moe_dir: Path) -> Any:
+    import transformers
+
+    return transformers.AutoModelForCausalLM.from_pretrained(moe_dir).eval()
+
+
+def test_the_configs_route_as_their_families(moe_dir: Path) -> None:
+    config = load_checkpoint(moe_dir).config
+    experts = config.experts
+    assert experts is not None and experts.layers == (0, 1)
+    assert (experts.num_experts, experts.experts_per_token, experts.intermediate_size) == (4, 2, 32)
+    qwen = config.architecture == "qwen3_moe"
+    assert experts.normalize is qwen  # Qwen3-MoE rescales the chosen weights, OLMoE does not
+    assert (config.qk_norm, config.projection_qk_norm) == (qwen, not qwen)
+
+
+def test_greedy_tokens_are_transformers_and_survive_a_prefix_hit(
+    moe_dir: Path, reference: Any
+) -> None:
+    engine = engine_of(moe_dir)
+    first, _ = greedy(engine, [PROMPT])
+    assert first["0"] == transformers_greedy(reference, PROMPT)
+    shared = [*PROMPT[:16], 77, 78, 79]  # blocks 0-3 are PROMPT's
+    second, _ = greedy(engine, [shared])
+    assert engine.status().prefix_cache.hit_tokens == 16
+    assert second["0"] == transformers_greedy(reference, shared)
+    engine.check_blocks()
+
+
+def test_its_gguf_reads_the_same_experts(
+    moe_dir: Path, tmp_path: Path, write_tiny_gguf: Callable[..., Path]
+) -> None:
+    """llama.cpp's stacked experts (`ffn_*_exps`), router (`ffn_gate_inp`) and counts
+    (`expert_count`, `expert_used_count`, `expert_feed_forward_length`); whether the weights
+    are rescaled follows the family, as llama.cpp's graph fixes it."""
+    path = write_tiny_gguf(moe_dir, tmp_path / "moe.gguf")
+    assert load_checkpoint(path).config.experts == load_checkpoint(moe_dir).config.experts
+    expected, _ = greedy(engine_of(moe_dir), [PROMPT])
+    tokens, _ = greedy(engine_of(path), [PROMPT])
+    assert tokens == expected
+
+
+def test_a_dense_layer_among_routed_ones_matches_transformers(
+    tmp_path: Path, make_tiny_model_dir: Callable[..., Path]
+) -> None:
+    """Qwen3-MoE's `mlp_only_layers`: layer 1 keeps a dense MLP of `intermediate_size`."""
+    import transformers
+
+    model_dir = make_tiny_model_dir(tmp_path, arch="qwen3_moe", mlp_only_layers=[1])
+    checkpoint = load_checkpoint(model_dir)
+    assert checkpoint.config.experts is not None and checkpoint.config.experts.layers == (0,)
+    model = LlamaModel.from_tensors(checkpoint.config, checkpoint.tensors(), max_positions=128)
+    assert model.layers[1].experts is None and model.layers[1].gate_up is not None
+    reference = transformers.AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    with torch.no_grad():
+        expected = reference(torch.tensor([PROMPT])).logits[0]
+    assert rel_error(paged_logits(model, PROMPT, 5), expected) < 1e-5
+
+
+def test_olmoe_clipping_q_k_v_is_refused(
+    tmp_path: Path, make_tiny_model_dir: Callable[..., Path]
+) -> None:
+    clipped = make_tiny_model_dir(tmp_path, arch="olmoe", clip_qkv=8.0)
+    with pytest.raises(UnsupportedModelError, match=r"clip_qkv=8\.0 is not supported"):
+        load_checkpoint(clipped)
+
+
+def test_health_reports_the_experts_served_and_the_share_run(
+    moe_dir: Path, tmp_path: Path, write_tiny_gguf: Callable[..., Path]
+) -> None:
+    """Through the boot path (`nanoserve serve`'s): the experts' types as stored, their bytes,
+    and the share of those bytes run since boot, which a chat raises and never past 1."""
+    from gguf import GGMLQuantizationType
+
+    from nanoserve.api.server.health import Health
+    from nanoserve.runtime.engine.requests.sampling_params import SamplingParams
+    from nanoserve.runtime.engine.serving.llm import LLM
+
+    path = write_tiny_gguf(moe_dir, tmp_path / "q8.gguf", qtype=GGMLQuantizationType.Q8_0)
+    llm = LLM(str(path), quantize="auto", dtype="auto", max_model_len=128, kv_budget_bytes=1 << 22)
+    before = llm.engine.status().experts
+    assert before is not None
+    params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+    llm.chat([{"role": "user", "content": "hello world"}], params)
+    experts = Health.of(llm.engine.status()).experts
+    assert experts is not None
+    # 2 layers x 4 experts x (gate, up, down): 24 Q8_0 tensors of 32 x 64 (34 bytes a block)
+    assert experts["types"] == "q8_0×24"
+    assert experts["bytes"] == 2 * 4 * 3 * 32 * 64 // 32 * 34
+    assert (experts["experts"], experts["per_token"], experts["routed_layers"]) == (4, 2, 2)
+    assert before["touched_share"] <= experts["touched_share"] <= 1.0
+    assert experts["touched_share"] > 0.0
