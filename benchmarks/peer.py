@@ -40,7 +40,8 @@ REPO = Path(__file__).resolve().parent.parent
 DEFAULT_DIR = REPO.parent / "shared" / "peers" / "llama.cpp"
 _BACKEND = re.compile(r"loaded CPU backend from \S*libggml-cpu-([\w-]+)\.so")
 CACHE_MODES = ("split", "unified")
-_BUFFER = re.compile(r"(KV|compute|RS) buffer size =\s*([\d.]+) MiB")
+# what llama-server allocates at start: K/V, compute, recurrent state, and its repacked weights
+_BUFFER = re.compile(r"(KV|compute|RS|CPU_REPACK model) buffer size =\s*([\d.]+) MiB")
 
 
 @dataclass(frozen=True, slots=True)

@@ -202,6 +202,12 @@ def start_all(gguf: Path, peer: Peer, threads: int, extra: list[str]) -> dict[st
 def memory_rows(
     name: str, gguf: Path, peer: Peer, threads: int, servers: dict[str, Server]
 ) -> list[dict[str, object]]:
+    # Every RSS first, then every server stopped before the peer's extra boots read its buffers:
+    # a second copy of a multi-GB model beside three running servers would not fit.
+    rss = {who: server.rss_mib() for who, server in servers.items()}
+    for server in servers.values():
+        if server.who != "nanoserve":
+            server.stop()
     rows = []
     for who, server in servers.items():
         if who == "nanoserve":
@@ -218,7 +224,7 @@ def memory_rows(
                 "model": name,
                 "server": who,
                 "ready_s": server.ready_s,
-                "rss_mib": server.rss_mib(),
+                "rss_mib": rss[who],
                 "reserved_mib": sum(reserved.values()),
                 "reserved": "; ".join(f"{k} {v:,.0f}" for k, v in reserved.items()),
             }

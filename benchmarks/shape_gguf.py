@@ -18,7 +18,10 @@ tokens from `usage`.
 - `qwen3.5-0.8b-shape`: Qwen3.5-0.8B's text model (hidden 1024, 24 layers, every fourth
   attending with an output gate (8 heads of 256, 2 K/V heads, rotary on 64 dims), the rest
   gated DeltaNet with 16 key and 16 value heads of 128 and 4 taps; MLP 3584; vocabulary
-  248,320; tied).
+  248,320; tied);
+- `olmoe-1b-7b-shape`: OLMoE-1B-7B (hidden 2048, 16 layers of 16 heads of 128, q and k normed
+  whole; 64 experts of 1024 a layer, 8 a token, the router F32 as llama.cpp keeps it, the
+  experts stacked as `ffn_*_exps` in the same Q4_K/Q6_K mix; vocabulary 50,304; untied).
 """
 
 from __future__ import annotations
@@ -128,7 +131,22 @@ QWEN3_5_0_8B = Shape(
         "rope.dimension_sections": [11, 11, 10, 0],
     },
 )
-SHAPES = {shape.name: shape for shape in (LFM2_1_2B, QWEN3_5_0_8B)}
+OLMOE_1B_7B = Shape(
+    name="olmoe-1b-7b-shape",
+    arch="olmoe",
+    vocab=50304,
+    hidden=2048,
+    layers=16,
+    attention=tuple(range(16)),
+    heads=16,
+    kv_heads=16,
+    head_dim=128,
+    ffn=1024,  # each expert's width (OLMoE has no dense MLP)
+    rope_theta=10000.0,
+    eps=1e-5,
+    metadata={"expert_count": 64, "expert_used_count": 8},
+)
+SHAPES = {shape.name: shape for shape in (LFM2_1_2B, QWEN3_5_0_8B, OLMOE_1B_7B)}
 
 Tensors = dict[str, tuple[tuple[int, ...], str]]  # GGUF name -> (HF-order shape, type)
 
@@ -144,25 +162,35 @@ def tensors_of(shape: Shape) -> Tensors:
     h, s = shape.hidden, shape
     out: Tensors = {"token_embd.weight": ((s.vocab, h), "Q6_K")}
     out["token_embd_norm.weight" if s.arch == "lfm2" else "output_norm.weight"] = ((h,), "F32")
+    if s.arch == "olmoe":  # untied
+        out["output.weight"] = ((s.vocab, h), "Q6_K")
+    experts = int(s.metadata.get("expert_count", 0))  # type: ignore[call-overload]
     q_rows = s.heads * s.head_dim * (2 if s.arch == "qwen35" else 1)
     for i in range(s.layers):
         b, wide = f"blk.{i}.", "Q6_K" if more_bits(i, s.layers) else "Q4_K"
         out[f"{b}attn_norm.weight"] = ((h,), "F32")
-        out[f"{b}{'ffn_norm' if s.arch == 'lfm2' else 'post_attention_norm'}.weight"] = (
+        out[f"{b}{'post_attention_norm' if s.arch == 'qwen35' else 'ffn_norm'}.weight"] = (
             (h,),
             "F32",
         )
-        out[f"{b}ffn_gate.weight"] = ((s.ffn, h), "Q4_K")
-        out[f"{b}ffn_up.weight"] = ((s.ffn, h), "Q4_K")
-        out[f"{b}ffn_down.weight"] = ((h, s.ffn), wide)
+        if experts:  # the router (kept F32 by llama.cpp's quantizer) and the stacked experts
+            out[f"{b}ffn_gate_inp.weight"] = ((experts, h), "F32")
+            out[f"{b}ffn_gate_exps.weight"] = ((experts, s.ffn, h), "Q4_K")
+            out[f"{b}ffn_up_exps.weight"] = ((experts, s.ffn, h), "Q4_K")
+            out[f"{b}ffn_down_exps.weight"] = ((experts, h, s.ffn), wide)
+        else:
+            out[f"{b}ffn_gate.weight"] = ((s.ffn, h), "Q4_K")
+            out[f"{b}ffn_up.weight"] = ((s.ffn, h), "Q4_K")
+            out[f"{b}ffn_down.weight"] = ((h, s.ffn), wide)
         if i in s.attention:
             kv = s.kv_heads * s.head_dim
             out[f"{b}attn_q.weight"] = ((q_rows, h), "Q4_K")
             out[f"{b}attn_k.weight"] = ((kv, h), "Q4_K")
             out[f"{b}attn_v.weight"] = ((kv, h), wide)
             out[f"{b}attn_output.weight"] = ((h, s.heads * s.head_dim), "Q4_K")
-            out[f"{b}attn_q_norm.weight"] = ((s.head_dim,), "F32")
-            out[f"{b}attn_k_norm.weight"] = ((s.head_dim,), "F32")
+            whole = s.arch == "olmoe"  # OLMoE norms the whole q and k projections
+            out[f"{b}attn_q_norm.weight"] = ((q_rows if whole else s.head_dim,), "F32")
+            out[f"{b}attn_k_norm.weight"] = ((kv if whole else s.head_dim,), "F32")
         elif s.arch == "lfm2":
             taps = int(s.metadata["shortconv.l_cache"])  # type: ignore[call-overload]
             out[f"{b}shortconv.in_proj.weight"] = ((3 * h, h), "Q4_K")
@@ -272,9 +300,11 @@ def write_random_tensors(
     for i, (name, (size, kind)) in enumerate(tensors.items()):
         if kind == "F32":
             writer.add_tensor(name, floats(name, size, rng))
-        else:
-            rows, cols = size
-            blocks = random_blocks(kind, rows, cols, seed=seed + i, scale=scale)
+        else:  # [rows, cols], or stacked experts [experts, rows, cols]
+            *stack, rows, cols = size
+            count = int(np.prod(stack)) if stack else 1
+            blocks = random_blocks(kind, count * rows, cols, seed=seed + i, scale=scale)
+            blocks = blocks.reshape(*stack, rows, -1)
             writer.add_tensor(name, blocks, raw_dtype=gguf.GGMLQuantizationType[kind])
     writer.write_header_to_file()
     writer.write_kv_data_to_file()

@@ -83,6 +83,24 @@ _TO_GGUF_GEMMA3 = _TO_GGUF | {
     "pre_feedforward_layernorm": "ffn_norm",
     "post_feedforward_layernorm": "post_ffw_norm",
 }
+# Qwen3.5's hybrid: gated DeltaNet on three of four layers, the last among them (2 key
+# heads serving 4 value heads of 16), gated attention with rotary on a quarter of each head
+TINY_QWEN3_5: dict[str, Any] = {
+    "num_hidden_layers": 4,
+    "layer_types": [
+        "linear_attention",
+        "full_attention",
+        "linear_attention",
+        "linear_attention",
+    ],
+    "head_dim": 16,
+    "linear_num_key_heads": 2,
+    "linear_num_value_heads": 4,
+    "linear_key_head_dim": 16,
+    "linear_value_head_dim": 16,
+    "linear_conv_kernel_dim": 4,
+    "pad_token_id": None,
+}
 # The newer architectures' tiny geometry: what each needs to show its delta in 2 layers.
 TINY_ARCH_OVERRIDES: dict[str, dict[str, Any]] = {
     "qwen3": {"head_dim": 16},
@@ -106,24 +124,7 @@ TINY_ARCH_OVERRIDES: dict[str, dict[str, Any]] = {
         "block_multiple_of": 32,
         "pad_token_id": None,
     },
-    # Qwen3.5's hybrid: gated DeltaNet on three of four layers, the last among them (2 key
-    # heads serving 4 value heads of 16), gated attention with rotary on a quarter of each head
-    "qwen3_5": {
-        "num_hidden_layers": 4,
-        "layer_types": [
-            "linear_attention",
-            "full_attention",
-            "linear_attention",
-            "linear_attention",
-        ],
-        "head_dim": 16,
-        "linear_num_key_heads": 2,
-        "linear_num_value_heads": 4,
-        "linear_key_head_dim": 16,
-        "linear_value_head_dim": 16,
-        "linear_conv_kernel_dim": 4,
-        "pad_token_id": None,
-    },
+    "qwen3_5": TINY_QWEN3_5,
     # Granite 4.0-H's hybrid: Mamba2 on three of four layers, the last among them (8 heads of
     # 16 in 2 groups of B and C, a 16-wide state), no rotary (as every Granite 4.0-H), its
     # multipliers, a dense MLP and no experts (Micro)
@@ -158,6 +159,15 @@ TINY_ARCH_OVERRIDES: dict[str, dict[str, Any]] = {
         "norm_topk_prob": True,
         "mlp_only_layers": [],
         "pad_token_id": None,
+    },
+    # Qwen3.5-MoE: Qwen3.5's hybrid with Qwen3-MoE's experts on every layer, and a shared
+    # expert of 64 behind a sigmoid gate
+    "qwen3_5_moe": {
+        **TINY_QWEN3_5,
+        "num_experts": 4,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 32,
+        "shared_expert_intermediate_size": 64,
     },
     # OLMoE: the same experts, their weights as the softmax gave them, q and k normed whole
     "olmoe": {
@@ -239,6 +249,7 @@ def make_tiny_model_dir(
             transformers.GraniteMoeHybridForCausalLM,
         ),
         "qwen3_moe": (transformers.Qwen3MoeConfig, transformers.Qwen3MoeForCausalLM),
+        "qwen3_5_moe": (transformers.Qwen3_5MoeTextConfig, transformers.Qwen3_5MoeForCausalLM),
         "olmoe": (transformers.OlmoeConfig, transformers.OlmoeForCausalLM),
     }[arch]
     geometry = {**_TINY_GEOMETRY, **TINY_ARCH_OVERRIDES.get(arch, {})}
@@ -322,6 +333,7 @@ def write_tiny_gguf(
         "gemma3_text": "gemma3",
         "qwen3_moe": "qwen3moe",
         "qwen3_5_text": "qwen35",
+        "qwen3_5_moe_text": "qwen35moe",
         "granitemoehybrid": "granitehybrid",
     }.get(config["model_type"], config["model_type"])
     heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
@@ -353,6 +365,8 @@ def write_tiny_gguf(
         writer.add_expert_used_count(config["num_experts_per_tok"])
         if "moe_intermediate_size" in config:
             writer.add_expert_feed_forward_length(config["moe_intermediate_size"])
+        if "shared_expert_intermediate_size" in config:
+            writer.add_expert_shared_feed_forward_length(config["shared_expert_intermediate_size"])
     if not lfm2 and not granite:
         writer.add_head_count_kv(kv_heads)
     if granite:  # as llama.cpp's Granite hybrid converter: Mamba2's sizes as ssm.*
@@ -369,7 +383,7 @@ def write_tiny_gguf(
         writer.add_residual_scale(config["residual_multiplier"])
         writer.add_logit_scale(config["logits_scaling"])
         writer.add_rope_scaling_finetuned(config.get("position_embedding_type") == "rope")
-    qwen35 = arch_name == "qwen35"
+    qwen35 = arch_name in ("qwen35", "qwen35moe")
     if qwen35:  # as llama.cpp's Qwen3.5 converter: DeltaNet's sizes as ssm.*
         writer.add_ssm_conv_kernel(config["linear_conv_kernel_dim"])
         writer.add_ssm_state_size(config["linear_key_head_dim"])
@@ -556,12 +570,17 @@ def _qwen35_gguf_values(name: str, values: np.ndarray, config: Mapping[str, Any]
 
 
 _WHOLE_GGUF_NAMES = {".A_log": "ssm_a", ".D": "ssm_d", ".dt_bias": "ssm_dt.bias"}
-_GGUF_ARCHS = {"lfm2": "LFM2", "qwen35": "QWEN35", "granitehybrid": "GRANITE_HYBRID"}
+_GGUF_ARCHS = {
+    "lfm2": "LFM2",
+    "qwen35": "QWEN35",
+    "qwen35moe": "QWEN35MOE",
+    "granitehybrid": "GRANITE_HYBRID",
+}
 
 
 def _gguf_name(hf_name: str, arch: str = "llama") -> str:
     whole = next((v for k, v in _WHOLE_GGUF_NAMES.items() if hf_name.endswith(k)), None)
-    if arch in ("qwen35", "granitehybrid") and whole:  # no .weight of a module
+    if arch in ("qwen35", "qwen35moe", "granitehybrid") and whole:  # no .weight of a module
         return f"blk.{hf_name.split('.')[2]}.{whole}"
     if arch in _GGUF_ARCHS:  # the gguf package's own table, from the names stored
         import gguf

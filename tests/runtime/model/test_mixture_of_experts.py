@@ -1,4 +1,4 @@
-"""Qwen3-MoE and OLMoE: greedy tokens against transformers (recomputing everything), on a prefix
+"""Qwen3-MoE, OLMoE and Qwen3.5-MoE (the hybrid with a gated shared expert): greedy tokens against transformers (recomputing everything), on a prefix
 cache hit, with a dense layer among the routed ones, and their configs from both loaders.
 Alone, batched, eager, bucketed, recorded, the kernels and the CUDA trace are in
 test_architectures.py; routing and dispatch in test_experts.py."""
@@ -18,7 +18,7 @@ from nanoserve.runtime.model.llama import LlamaModel
 from tests.runtime.hybrid_engine import PROMPT, engine_of, greedy, transformers_greedy
 from tests.runtime.paged_logits import paged_logits, rel_error
 
-FAMILIES = ["qwen3_moe", "olmoe"]
+FAMILIES = ["qwen3_moe", "olmoe", "qwen3_5_moe"]
 
 
 @pytest.fixture(scope="module", params=FAMILIES)
@@ -40,17 +40,22 @@ def reference(moe_dir: Path) -> Any:
 def test_the_configs_route_as_their_families(moe_dir: Path) -> None:
     config = load_checkpoint(moe_dir).config
     experts = config.experts
-    assert experts is not None and experts.layers == (0, 1)
+    assert experts is not None and experts.layers == tuple(range(config.num_layers))
     assert (experts.num_experts, experts.experts_per_token, experts.intermediate_size) == (4, 2, 32)
-    qwen = config.architecture == "qwen3_moe"
-    assert experts.normalize is qwen  # Qwen3-MoE rescales the chosen weights, OLMoE does not
-    assert (config.qk_norm, config.projection_qk_norm) == (qwen, not qwen)
+    olmoe, qwen3_5 = config.architecture == "olmoe", config.architecture == "qwen3_5"
+    assert experts.normalize is not olmoe  # the Qwens rescale the chosen weights, OLMoE not
+    assert (config.qk_norm, config.projection_qk_norm) == (not olmoe, olmoe)
+    assert (experts.shared_size, experts.shared_gate) == ((64, True) if qwen3_5 else (None, False))
+    assert config.recurrent_layers == ((0, 2, 3) if qwen3_5 else ())
 
 
 def test_greedy_tokens_are_transformers_and_survive_a_prefix_hit(
     moe_dir: Path, reference: Any
 ) -> None:
-    engine = engine_of(moe_dir)
+    hybrid = load_checkpoint(moe_dir).config.recurrent_layers  # its hits need state checkpoints
+    engine = engine_of(
+        moe_dir, **({"state_checkpoints": 8, "state_checkpoint_interval": 2} if hybrid else {})
+    )
     first, _ = greedy(engine, [PROMPT])
     assert first["0"] == transformers_greedy(reference, PROMPT)
     shared = [*PROMPT[:16], 77, 78, 79]  # blocks 0-3 are PROMPT's
@@ -117,9 +122,10 @@ def test_health_reports_the_experts_served_and_the_share_run(
     llm.chat([{"role": "user", "content": "hello world"}], params)
     experts = Health.of(llm.engine.status()).experts
     assert experts is not None
-    # 2 layers x 4 experts x (gate, up, down): 24 Q8_0 tensors of 32 x 64 (34 bytes a block)
-    assert experts["types"] == "q8_0×24"
-    assert experts["bytes"] == 2 * 4 * 3 * 32 * 64 // 32 * 34
-    assert (experts["experts"], experts["per_token"], experts["routed_layers"]) == (4, 2, 2)
+    # layers x 4 experts x (gate, up, down): Q8_0 tensors of 32 x 64 (34 bytes a block)
+    layers = load_checkpoint(moe_dir).config.num_layers
+    assert experts["types"] == f"q8_0×{layers * 4 * 3}"
+    assert experts["bytes"] == layers * 4 * 3 * 32 * 64 // 32 * 34
+    assert (experts["experts"], experts["per_token"], experts["routed_layers"]) == (4, 2, layers)
     assert before["touched_share"] <= experts["touched_share"] <= 1.0
     assert experts["touched_share"] > 0.0

@@ -7,7 +7,10 @@ highest, and (Qwen3-MoE's `norm_topk_prob`) rescale the k weights to sum to one,
 keep them as they are. Each expert is a SwiGLU MLP of its own (`moe_intermediate_size` wide for
 Qwen3-MoE, `intermediate_size` for OLMoE, which has no dense MLP); the layer's output is the
 weighted sum of its token's k experts. Qwen3-MoE may keep a dense MLP on some layers
-(`mlp_only_layers`, `decoder_sparse_step`); every released checkpoint routes on all of them.
+(`mlp_only_layers`, `decoder_sparse_step`); every released checkpoint routes on all of them. Qwen3.5-MoE routes as
+Qwen3-MoE (always rescaled), and adds a shared expert that every token runs
+(`shared_expert_intermediate_size` wide), its output times the sigmoid of a one-row gate
+(`shared_expert_gate`).
 
 A Hugging Face checkpoint stores each expert's linears apart (`mlp.experts.{e}.gate_proj`),
 the router as `mlp.gate`; a GGUF stores them stacked (`ffn_gate_exps`: [experts, rows, cols])
@@ -36,6 +39,8 @@ class ExpertLayers:
     intermediate_size: int  # one expert's MLP width
     normalize: bool  # the k chosen weights rescaled to sum to one
     scoring: Scoring = "softmax"
+    shared_size: int | None = None  # a shared expert every token runs, this wide (Qwen3.5-MoE)
+    shared_gate: bool = False  # its output times sigmoid(a one-row linear of the input)
 
     def check(self, num_layers: int, source: str) -> None:
         for name in ("num_experts", "experts_per_token", "intermediate_size"):
@@ -50,6 +55,11 @@ class ExpertLayers:
             )
         if not isinstance(self.normalize, bool):
             raise ConfigError(source, f"norm_topk_prob={self.normalize!r} must be a bool")
+        shared = self.shared_size
+        if shared is not None and (type(shared) is not int or shared <= 0):
+            raise ConfigError(source, f"experts: shared_size={shared!r} must be a positive integer")
+        if self.shared_gate and shared is None:
+            raise ConfigError(source, "experts: a shared expert gate without a shared expert")
         if self.scoring != "softmax":
             raise UnsupportedModelError(source, f"expert scoring {self.scoring!r}")
         if any(type(i) is not int or not 0 <= i < num_layers for i in self.layers):
@@ -66,13 +76,33 @@ class ExpertLayers:
             shapes[f"{prefix}.experts.{e}.gate_proj.weight"] = (inter, hidden)
             shapes[f"{prefix}.experts.{e}.up_proj.weight"] = (inter, hidden)
             shapes[f"{prefix}.experts.{e}.down_proj.weight"] = (hidden, inter)
+        if self.shared_size is not None:
+            shared = self.shared_size
+            shapes[f"{prefix}.shared_expert.gate_proj.weight"] = (shared, hidden)
+            shapes[f"{prefix}.shared_expert.up_proj.weight"] = (shared, hidden)
+            shapes[f"{prefix}.shared_expert.down_proj.weight"] = (hidden, shared)
+        if self.shared_gate:
+            shapes[f"{prefix}.shared_expert_gate.weight"] = (1, hidden)
         return shapes
 
 
-def hf_experts(arch: str, config_json: Mapping[str, Any], num_layers: int) -> ExpertLayers:
-    """Qwen3-MoE's or OLMoE's experts from config.json (types checked by `check`)."""
+def hf_experts(arch: str, config_json: Mapping[str, Any], num_layers: int) -> ExpertLayers | None:
+    """Qwen3-MoE's, OLMoE's or Qwen3.5-MoE's experts from config.json (types checked by
+    `check`); None for a Qwen3.5 without them."""
     # transformers 5 writes `num_local_experts` where the checkpoints say `num_experts`
     experts = config_json.get("num_experts", config_json.get("num_local_experts"))
+    if arch == "qwen3_5":  # Qwen3.5-MoE: every layer routes, with a gated shared expert
+        if experts is None:
+            return None  # the dense Qwen3.5
+        return ExpertLayers(
+            layers=tuple(range(num_layers)),
+            num_experts=experts,
+            experts_per_token=config_json.get("num_experts_per_tok"),  # type: ignore[arg-type]
+            intermediate_size=config_json.get("moe_intermediate_size"),  # type: ignore[arg-type]
+            normalize=True,  # its router always rescales
+            shared_size=config_json.get("shared_expert_intermediate_size"),
+            shared_gate=True,
+        )
     if arch == "olmoe":  # every layer routes; the experts are `intermediate_size` wide
         layers = tuple(range(num_layers))
         width = config_json.get("intermediate_size")
@@ -102,6 +132,10 @@ def experts_to_hf(arch: str, experts: ExpertLayers, num_layers: int) -> dict[str
         out["moe_intermediate_size"] = experts.intermediate_size
         out["decoder_sparse_step"] = 1
         out["mlp_only_layers"] = [i for i in range(num_layers) if i not in experts.layers]
+    if arch == "qwen3_5":
+        out["moe_intermediate_size"] = experts.intermediate_size
+        out["shared_expert_intermediate_size"] = experts.shared_size
+        del out["norm_topk_prob"]
     return out
 
 
@@ -112,20 +146,33 @@ GGUF_EXPERT_PARTS = {
     "ffn_down_exps": "down_proj",
 }
 GGUF_ROUTER = "ffn_gate_inp"
+# A shared expert's parts by Hugging Face name (the gate: llama.cpp's `ffn_gate_inp_shexp`)
+GGUF_SHARED_PARTS = {
+    "ffn_gate_shexp": "mlp.shared_expert.gate_proj",
+    "ffn_up_shexp": "mlp.shared_expert.up_proj",
+    "ffn_down_shexp": "mlp.shared_expert.down_proj",
+    "ffn_gate_inp_shexp": "mlp.shared_expert_gate",
+}
 # Whether llama.cpp rescales each family's k weights (its graph fixes it, the file does not say)
-GGUF_NORMALIZE = {"qwen3_moe": True, "olmoe": False}
+GGUF_NORMALIZE = {"qwen3_moe": True, "olmoe": False, "qwen3_5": True}
 
 
-def gguf_experts(arch: str, key: Callable[..., Any], num_layers: int) -> ExpertLayers | None:
-    """A GGUF's experts (`key` reads `{arch}.<name>`), or None when it has none."""
+def gguf_experts(
+    arch: str, key: Callable[..., Any], num_layers: int, shared_gate: bool
+) -> ExpertLayers | None:
+    """A GGUF's experts (`key` reads `{arch}.<name>`), or None when it has none; `shared_gate`:
+    the file has a shared expert's gate (`ffn_gate_inp_shexp`)."""
     count = key("expert_count", None)
     if not count:
         return None
     width = key("expert_feed_forward_length", None) or key("feed_forward_length")
+    shared = key("expert_shared_feed_forward_length", None)
     return ExpertLayers(
         layers=tuple(range(num_layers)),
         num_experts=int(count),
         experts_per_token=int(key("expert_used_count")),
         intermediate_size=int(width),
         normalize=bool(key("expert_weights_norm", GGUF_NORMALIZE.get(arch, False))),
+        shared_size=int(shared) if shared else None,
+        shared_gate=shared_gate,
     )

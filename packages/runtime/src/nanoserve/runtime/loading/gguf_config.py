@@ -105,7 +105,7 @@ def gguf_config(
             intermediate_size=int(
                 key("expert_shared_feed_forward_length")
                 if granite and key("expert_shared_feed_forward_length", None)
-                else key("feed_forward_length")
+                else key("feed_forward_length", None) or key("expert_feed_forward_length")
             ),
             num_layers=num_layers,
             num_heads=num_heads,
@@ -147,7 +147,11 @@ def gguf_config(
             delta_net=delta_net,
             attn_output_gate=qwen3_5,
             mamba=mamba,
-            experts=gguf_experts(arch, key, num_layers) if arch in ("qwen3_moe", "olmoe") else None,
+            experts=gguf_experts(
+                arch, key, num_layers, "blk.0.ffn_gate_inp_shexp.weight" in gguf_names
+            )
+            if arch in ("qwen3_moe", "olmoe", "qwen3_5")
+            else None,
             residual_multiplier=float(key("residual_scale", 1.0)) if granite else 1.0,
             logits_scaling=float(key("logit_scale", 1.0)) if granite else 1.0,
             fused_mlp=arch == "phi3",  # llama.cpp splits Granite's shared MLP in two

@@ -42,7 +42,7 @@ from nanoserve.runtime.errors import (
 )
 from nanoserve.runtime.kernels import kernel_ops
 from nanoserve.runtime.loading.encoder_names import gguf_encoder_name
-from nanoserve.runtime.loading.expert_layers import GGUF_EXPERT_PARTS
+from nanoserve.runtime.loading.expert_layers import GGUF_EXPERT_PARTS, GGUF_SHARED_PARTS
 from nanoserve.runtime.loading.gguf_blocks import GgufBlocks
 from nanoserve.runtime.loading.gguf_config import gguf_config, rope_scaling_tensors
 from nanoserve.runtime.loading.gguf_reader import GgufReader, TensorInfo
@@ -80,6 +80,7 @@ _ARCHITECTURES: dict[str, Architecture] = {
     "phi3": "phi3",
     "lfm2": "lfm2",
     "qwen35": "qwen3_5",
+    "qwen35moe": "qwen3_5",  # Qwen3.5-MoE: Qwen3.5 with experts
     "granitehybrid": "granitemoehybrid",
     "qwen3moe": "qwen3_moe",
     "olmoe": "olmoe",
@@ -107,6 +108,7 @@ _LAYER_NAMES = {
     "attn_q_norm": "self_attn.q_norm",
     "attn_k_norm": "self_attn.k_norm",
     "ffn_gate_inp": "mlp.gate",  # a mixture of experts' router
+    **GGUF_SHARED_PARTS,  # and its shared expert
 }
 # Gemma 3's four norms: llama.cpp's ffn_norm is the one before the MLP there.
 _GEMMA3_LAYER_NAMES = _LAYER_NAMES | {

@@ -125,6 +125,8 @@ def hf_shape(name: str, shape: tuple[int, ...]) -> tuple[int, ...]:
     [channels, 1, taps]; Mamba2's A, D ([heads, 1]) and norm ([groups, width]) flat."""
     if name.endswith((".conv.conv.weight", ".linear_attn.conv1d.weight", ".mamba.conv1d.weight")):
         return (shape[0], 1, shape[1])
+    if name.endswith(".mlp.shared_expert_gate.weight") and len(shape) == 1:  # a [1, hidden] row
+        return (1, shape[0])
     if name.endswith((".mamba.A_log", ".mamba.D", ".mamba.norm.weight")):
         return (shape[0] * shape[1],) if len(shape) == 2 else shape
     return shape

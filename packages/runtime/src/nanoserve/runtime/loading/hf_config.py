@@ -43,8 +43,11 @@ def config_to_hf(config: ModelConfig) -> dict[str, Any]:
     model_type = {"gemma3": "gemma3_text", "qwen3_5": "qwen3_5_text"}.get(
         config.architecture, config.architecture
     )
+    class_name = HF_CLASS_NAMES[config.architecture]
+    if config.architecture == "qwen3_5" and config.experts is not None:  # Qwen3.5-MoE
+        model_type, class_name = "qwen3_5_moe_text", "Qwen3_5MoeForCausalLM"
     out: dict[str, Any] = {
-        "architectures": [HF_CLASS_NAMES[config.architecture]],
+        "architectures": [class_name],
         "model_type": model_type,
         "vocab_size": config.vocab_size,
         "hidden_size": config.hidden_size,

@@ -280,7 +280,7 @@ class ModelConfig:
                 return cls(**encoder_fields(config_json, source))
             except ConfigError as error:
                 raise ConfigError(source, error.problem) from None
-        if model_type == "qwen3_5":  # Qwen3.5 with its vision tower: its language model is read
+        if model_type in ("qwen3_5", "qwen3_5_moe"):  # with the vision tower: the text is read
             config_json = qwen3_5_text_config(config_json, source)
             model_type = config_json.get("model_type")
         if model_type == "gemma3":  # the multimodal checkpoint: a vision tower beside the text
@@ -296,7 +296,7 @@ class ModelConfig:
             )
         arch = HF_MODEL_TYPES[model_type]
         lfm2, qwen3_5, granite = arch == "lfm2", arch == "qwen3_5", arch == "granitemoehybrid"
-        moe = arch in ("qwen3_moe", "olmoe")
+        moe = arch in ("qwen3_moe", "olmoe", "qwen3_5")
         check_unbuilt_fields(arch, config_json, source)
         defaults = {
             "max_position_embeddings": DEFAULT_MAX_POSITIONS[arch],
@@ -339,6 +339,8 @@ class ModelConfig:
                 hidden_size=hidden_size,
                 intermediate_size=lfm2_intermediate_size(config_json, source)
                 if lfm2
+                else config_json.get("intermediate_size") or field("moe_intermediate_size")
+                if qwen3_5 and "moe_intermediate_size" in config_json
                 else field("shared_intermediate_size" if granite else "intermediate_size"),
                 num_layers=num_layers,
                 num_heads=num_heads,

@@ -38,9 +38,13 @@ _STATIC = ContextVar("static_expert_dispatch", default=False)
 class ExpertWeights:
     """One routed layer's router and experts."""
 
-    router: torch.Tensor  # [experts, hidden] float32
+    router: torch.Tensor  # [experts, hidden]
     gate_up: tuple[Linear, ...]  # per expert: [2 * intermediate, hidden], gate then up
     down: tuple[Linear, ...]  # per expert: [hidden, intermediate]
+    # A shared expert every row runs (Qwen3.5-MoE): [2 * shared, hidden], [hidden, shared]
+    shared_gate_up: Linear | None = None
+    shared_down: Linear | None = None
+    shared_gate: torch.Tensor | None = None  # [1, hidden]: its output times sigmoid(h @ this.T)
 
 
 @contextmanager

@@ -155,7 +155,8 @@ class LlamaModel:
         ]
         for layer in self.layers:
             if layer.experts is not None:
-                linears += [*layer.experts.gate_up, *layer.experts.down]
+                e = layer.experts
+                linears += [*e.gate_up, *e.down, e.shared_gate_up, e.shared_down]
         return [p for w in (*linears, self.lm_head) if isinstance(w, QuantLinear) for p in w.parts]
 
     def _weight_types(self) -> str | None:
@@ -248,7 +249,15 @@ class LlamaModel:
             return self._linear(self.ops.gated_act(gate_up), weights.down[expert])
 
         logits = self._linear(h.to(weights.router.dtype), weights.router)
-        return mix_experts(h, weights, self.config.experts, run, logits)
+        mixed = mix_experts(h, weights, self.config.experts, run, logits)
+        if weights.shared_gate_up is None or weights.shared_down is None:
+            return mixed
+        gate_up = self._linear(h, weights.shared_gate_up)  # Qwen3.5-MoE's shared expert
+        shared = self._linear(self.ops.gated_act(gate_up), weights.shared_down)
+        if weights.shared_gate is not None:
+            gate = self._linear(h.to(weights.shared_gate.dtype), weights.shared_gate)
+            shared = shared * gate.sigmoid().to(shared.dtype)
+        return mixed + shared
 
     def _projection_norms(
         self, qkv: torch.Tensor, norms: tuple[torch.Tensor, torch.Tensor]

@@ -11,7 +11,7 @@ router and each expert's gate-and-up and down in place of the MLP's two linears.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -187,6 +187,16 @@ def assemble_weights(
                 ),
                 down=tuple(linear(f"{p}experts.{j}.down_proj.weight") for j in e),
             )
+            if config.experts.shared_size is not None:
+                s = f"{p}shared_expert."
+                experts = replace(
+                    experts,
+                    shared_gate_up=linear(f"{s}gate_proj.weight", f"{s}up_proj.weight"),
+                    shared_down=linear(f"{s}down_proj.weight"),
+                    shared_gate=take(f"{p}shared_expert_gate.weight", small_dtype)
+                    if config.experts.shared_gate
+                    else None,
+                )
             return {"gate_up": None, "down": None, "experts": experts}
         parts = ["gate_up"] if config.fused_mlp else ["gate", "up"]
         return {
