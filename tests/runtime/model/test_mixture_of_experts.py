@@ -52,10 +52,10 @@ def test_the_configs_route_as_their_families(moe_dir: Path) -> None:
 def test_greedy_tokens_are_transformers_and_survive_a_prefix_hit(
     moe_dir: Path, reference: Any
 ) -> None:
-    hybrid = load_checkpoint(moe_dir).config.recurrent_layers  # its hits need state checkpoints
-    engine = engine_of(
-        moe_dir, **({"state_checkpoints": 8, "state_checkpoint_interval": 2} if hybrid else {})
-    )
+    # a hybrid's hits need state checkpoints
+    hybrid = bool(load_checkpoint(moe_dir).config.recurrent_layers)
+    checkpoints: dict[str, Any] = {"state_checkpoints": 8, "state_checkpoint_interval": 2}
+    engine = engine_of(moe_dir, **(checkpoints if hybrid else {}))
     first, _ = greedy(engine, [PROMPT])
     assert first["0"] == transformers_greedy(reference, PROMPT)
     shared = [*PROMPT[:16], 77, 78, 79]  # blocks 0-3 are PROMPT's
