@@ -76,6 +76,9 @@ _EXPERT_TO_GGUF = {
     "gate_proj": "ffn_gate_exps",
     "up_proj": "ffn_up_exps",
     "down_proj": "ffn_down_exps",
+    "w1": "ffn_gate_exps",  # LFM2-MoE's names
+    "w3": "ffn_up_exps",
+    "w2": "ffn_down_exps",
 }
 # Gemma 3's four norms, as llama.cpp names them.
 _TO_GGUF_GEMMA3 = _TO_GGUF | {
@@ -169,6 +172,18 @@ TINY_ARCH_OVERRIDES: dict[str, dict[str, Any]] = {
         "moe_intermediate_size": 32,
         "shared_expert_intermediate_size": 64,
     },
+    # LFM2-MoE: LFM2's hybrid with a dense first layer, then 4 experts of 32 chosen by sigmoid
+    # scores plus a bias (drawn at random too), 2 a token
+    "lfm2_moe": {
+        "num_hidden_layers": 4,
+        "layer_types": ["conv", "full_attention", "conv", "conv"],
+        "norm_eps": 1e-5,
+        "num_experts": 4,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 32,
+        "num_dense_layers": 1,
+        "pad_token_id": None,
+    },
     # OLMoE: the same experts, their weights as the softmax gave them, q and k normed whole
     "olmoe": {
         "num_experts": 4,
@@ -249,6 +264,7 @@ def make_tiny_model_dir(
             transformers.GraniteMoeHybridForCausalLM,
         ),
         "qwen3_moe": (transformers.Qwen3MoeConfig, transformers.Qwen3MoeForCausalLM),
+        "lfm2_moe": (transformers.Lfm2MoeConfig, transformers.Lfm2MoeForCausalLM),
         "qwen3_5_moe": (transformers.Qwen3_5MoeTextConfig, transformers.Qwen3_5MoeForCausalLM),
         "olmoe": (transformers.OlmoeConfig, transformers.OlmoeForCausalLM),
     }[arch]
@@ -275,6 +291,9 @@ def randomized(model: Any, seed: int) -> Any:
     with torch.no_grad():
         for param in model.parameters():
             param.copy_(torch.randn(param.shape, generator=generator) * 0.5)
+        for name, buffer in model.named_buffers():  # LFM2-MoE's choosing bias: learned, saved
+            if name.endswith("expert_bias"):
+                buffer.copy_(torch.randn(buffer.shape, generator=generator) * 0.5)
     return model
 
 
@@ -334,6 +353,7 @@ def write_tiny_gguf(
         "qwen3_moe": "qwen3moe",
         "qwen3_5_text": "qwen35",
         "qwen3_5_moe_text": "qwen35moe",
+        "lfm2_moe": "lfm2moe",
         "granitemoehybrid": "granitehybrid",
     }.get(config["model_type"], config["model_type"])
     heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
@@ -349,7 +369,7 @@ def write_tiny_gguf(
         writer.add_nextn_predict_layers(mtp_blocks)
     writer.add_context_length(config["max_position_embeddings"])
     writer.add_embedding_length(config["hidden_size"])
-    lfm2 = arch_name == "lfm2"
+    lfm2 = arch_name in ("lfm2", "lfm2moe")
     if lfm2:  # as llama.cpp's LFM2 converter: the MLP width as built, no K/V heads on convs
         from nanoserve.runtime.loading.recurrent_layers import lfm2_intermediate_size
 
@@ -365,6 +385,9 @@ def write_tiny_gguf(
         writer.add_expert_used_count(config["num_experts_per_tok"])
         if "moe_intermediate_size" in config:
             writer.add_expert_feed_forward_length(config["moe_intermediate_size"])
+        if "num_dense_layers" in config:  # LFM2-MoE's dense prefix, sigmoid scores
+            writer.add_leading_dense_block_count(config["num_dense_layers"])
+            writer.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
         if "shared_expert_intermediate_size" in config:
             writer.add_expert_shared_feed_forward_length(config["shared_expert_intermediate_size"])
     if not lfm2 and not granite:
@@ -451,7 +474,7 @@ def write_tiny_gguf(
     stacks: dict[str, dict[int, np.ndarray]] = {}  # llama.cpp's stacked experts, by GGUF name
     for name, tensor in load_file(model_dir / "model.safetensors").items():
         values = tensor.float().numpy()
-        if ".mlp.experts." in name:  # `model.layers.{i}.mlp.experts.{e}.{part}.weight`
+        if ".experts." in name:  # `model.layers.{i}.{mlp|feed_forward}.experts.{e}.{part}.weight`
             _, _, layer, _, _, expert, part, _ = name.split(".")
             stacks.setdefault(f"blk.{layer}.{_EXPERT_TO_GGUF[part]}.weight", {})[int(expert)] = (
                 values
@@ -572,6 +595,7 @@ def _qwen35_gguf_values(name: str, values: np.ndarray, config: Mapping[str, Any]
 _WHOLE_GGUF_NAMES = {".A_log": "ssm_a", ".D": "ssm_d", ".dt_bias": "ssm_dt.bias"}
 _GGUF_ARCHS = {
     "lfm2": "LFM2",
+    "lfm2moe": "LFM2MOE",
     "qwen35": "QWEN35",
     "qwen35moe": "QWEN35MOE",
     "granitehybrid": "GRANITE_HYBRID",
@@ -579,6 +603,8 @@ _GGUF_ARCHS = {
 
 
 def _gguf_name(hf_name: str, arch: str = "llama") -> str:
+    if hf_name.endswith(".expert_bias"):  # LFM2-MoE's choosing bias, not a module's weight
+        return f"blk.{hf_name.split('.')[2]}.exp_probs_b.bias"
     whole = next((v for k, v in _WHOLE_GGUF_NAMES.items() if hf_name.endswith(k)), None)
     if arch in ("qwen35", "qwen35moe", "granitehybrid") and whole:  # no .weight of a module
         return f"blk.{hf_name.split('.')[2]}.{whole}"

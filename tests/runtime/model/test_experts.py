@@ -115,3 +115,28 @@ def test_a_recording_dispatches_statically_and_stays_on_its_device() -> None:
     assert torch.equal(out, grouped(h, chosen, 4, run))
     with pytest.raises(CaptureSafetyError, match="bincount"), capture_guard("cpu"):
         grouped(h, chosen, 4, run)
+
+
+def test_sigmoid_routing_chooses_with_the_bias_and_weighs_without_it() -> None:
+    """LFM2-MoE's: each expert's sigmoid, the k chosen by score plus bias (ties to the lower
+    index), weighted by their unbiased scores over their sum plus 1e-6, times the scale."""
+    experts = ExpertLayers(
+        layers=(0,),
+        num_experts=4,
+        experts_per_token=2,
+        intermediate_size=8,
+        normalize=True,
+        scoring="sigmoid",
+        expert_bias=True,
+        norm_eps=1e-6,
+        routed_scale=2.5,
+    )
+    logits = torch.tensor([[2.0, 1.0, 0.0, -1.0], [0.0, 0.0, 0.0, 0.0]])
+    bias = torch.tensor([-10.0, 0.0, 0.0, 1.0])  # expert 0 never chosen, expert 3 favoured
+    weights, chosen = route(logits, experts, bias)
+    assert chosen.tolist() == [[3, 1], [3, 1]]  # row 1: experts 1 and 2 tie after 3
+    for row in range(2):
+        scores = torch.sigmoid(logits[row].double())
+        picked = scores[chosen[row]]
+        want = picked / (picked.sum() + 1e-6) * 2.5
+        assert torch.allclose(weights[row].double(), want, rtol=2e-7, atol=0)

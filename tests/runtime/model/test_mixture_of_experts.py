@@ -18,7 +18,7 @@ from nanoserve.runtime.model.llama import LlamaModel
 from tests.runtime.hybrid_engine import PROMPT, engine_of, greedy, transformers_greedy
 from tests.runtime.paged_logits import paged_logits, rel_error
 
-FAMILIES = ["qwen3_moe", "olmoe", "qwen3_5_moe"]
+FAMILIES = ["qwen3_moe", "olmoe", "qwen3_5_moe", "lfm2_moe"]
 
 
 @pytest.fixture(scope="module", params=FAMILIES)
@@ -40,13 +40,19 @@ def reference(moe_dir: Path) -> Any:
 def test_the_configs_route_as_their_families(moe_dir: Path) -> None:
     config = load_checkpoint(moe_dir).config
     experts = config.experts
-    assert experts is not None and experts.layers == tuple(range(config.num_layers))
+    arch = config.architecture
+    olmoe, qwen3_5, lfm2 = arch == "olmoe", arch == "qwen3_5", arch == "lfm2"
+    assert experts is not None and experts.layers == tuple(range(lfm2, config.num_layers))
     assert (experts.num_experts, experts.experts_per_token, experts.intermediate_size) == (4, 2, 32)
-    olmoe, qwen3_5 = config.architecture == "olmoe", config.architecture == "qwen3_5"
-    assert experts.normalize is not olmoe  # the Qwens rescale the chosen weights, OLMoE not
+    assert experts.normalize is not olmoe  # the others rescale the chosen weights, OLMoE not
     assert (config.qk_norm, config.projection_qk_norm) == (not olmoe, olmoe)
     assert (experts.shared_size, experts.shared_gate) == ((64, True) if qwen3_5 else (None, False))
-    assert config.recurrent_layers == ((0, 2, 3) if qwen3_5 else ())
+    assert config.recurrent_layers == ((0, 2, 3) if qwen3_5 or lfm2 else ())
+    # LFM2-MoE: sigmoid scores, chosen with a bias, the rescaled sum under 1e-6
+    assert (experts.scoring, experts.expert_bias) == (
+        ("sigmoid", True) if lfm2 else ("softmax", False)
+    )
+    assert experts.norm_eps == (1e-6 if lfm2 else 0.0)
 
 
 def test_greedy_tokens_are_transformers_and_survive_a_prefix_hit(
@@ -123,7 +129,9 @@ def test_health_reports_the_experts_served_and_the_share_run(
     experts = Health.of(llm.engine.status()).experts
     assert experts is not None
     # layers x 4 experts x (gate, up, down): Q8_0 tensors of 32 x 64 (34 bytes a block)
-    layers = load_checkpoint(moe_dir).config.num_layers
+    config = load_checkpoint(moe_dir).config
+    assert config.experts is not None
+    layers = len(config.experts.layers)
     assert experts["types"] == f"q8_0×{layers * 4 * 3}"
     assert experts["bytes"] == layers * 4 * 3 * 32 * 64 // 32 * 34
     assert (experts["experts"], experts["per_token"], experts["routed_layers"]) == (4, 2, layers)

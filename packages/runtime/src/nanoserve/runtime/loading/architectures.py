@@ -28,5 +28,6 @@ HF_MODEL_TYPES: dict[str, Architecture] = {
     **{arch: arch for arch in ARCHITECTURES if arch not in ("gemma3", "bert", "nomic_bert")},
     "gemma3_text": "gemma3",
     "qwen3_5_text": "qwen3_5",
-    "qwen3_5_moe_text": "qwen3_5",  # Qwen3.5-MoE: Qwen3.5 with experts (ModelConfig.experts)
+    "qwen3_5_moe_text": "qwen3_5",
+    "lfm2_moe": "lfm2",  # LFM2-MoE: LFM2 with experts  # Qwen3.5-MoE: Qwen3.5 with experts (ModelConfig.experts)
 }

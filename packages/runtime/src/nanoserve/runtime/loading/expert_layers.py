@@ -10,7 +10,10 @@ weighted sum of its token's k experts. Qwen3-MoE may keep a dense MLP on some la
 (`mlp_only_layers`, `decoder_sparse_step`); every released checkpoint routes on all of them. Qwen3.5-MoE routes as
 Qwen3-MoE (always rescaled), and adds a shared expert that every token runs
 (`shared_expert_intermediate_size` wide), its output times the sigmoid of a one-row gate
-(`shared_expert_gate`).
+(`shared_expert_gate`). LFM2-MoE scores each expert by a sigmoid, chooses by the scores plus a
+learned bias (`expert_bias`, `use_expert_bias`), weights the chosen by their unbiased scores
+rescaled to sum to one (`norm_topk_prob`, with 1e-6 under the sum) and times
+`routed_scaling_factor`; its first `num_dense_layers` layers keep a dense MLP.
 
 A Hugging Face checkpoint stores each expert's linears apart (`mlp.experts.{e}.gate_proj`),
 the router as `mlp.gate`; a GGUF stores them stacked (`ffn_gate_exps`: [experts, rows, cols])
@@ -26,7 +29,8 @@ from typing import Any, Literal
 
 from nanoserve.runtime.errors import ConfigError, UnsupportedModelError
 
-Scoring = Literal["softmax"]  # softmax over all experts, then the top k
+# softmax over all experts, then the top k (Qwen, OLMoE); or each expert's sigmoid (LFM2-MoE)
+Scoring = Literal["softmax", "sigmoid"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +45,9 @@ class ExpertLayers:
     scoring: Scoring = "softmax"
     shared_size: int | None = None  # a shared expert every token runs, this wide (Qwen3.5-MoE)
     shared_gate: bool = False  # its output times sigmoid(a one-row linear of the input)
+    expert_bias: bool = False  # a learned bias added to the scores to choose (not to weigh)
+    norm_eps: float = 0.0  # added to the k weights' sum when they are rescaled
+    routed_scale: float = 1.0  # the k weights times this
 
     def check(self, num_layers: int, source: str) -> None:
         for name in ("num_experts", "experts_per_token", "intermediate_size"):
@@ -60,7 +67,12 @@ class ExpertLayers:
             raise ConfigError(source, f"experts: shared_size={shared!r} must be a positive integer")
         if self.shared_gate and shared is None:
             raise ConfigError(source, "experts: a shared expert gate without a shared expert")
-        if self.scoring != "softmax":
+        for name in ("norm_eps", "routed_scale"):
+            if not isinstance(getattr(self, name), float):
+                raise ConfigError(
+                    source, f"experts: {name}={getattr(self, name)!r} must be a float"
+                )
+        if self.scoring not in ("softmax", "sigmoid"):
             raise UnsupportedModelError(source, f"expert scoring {self.scoring!r}")
         if any(type(i) is not int or not 0 <= i < num_layers for i in self.layers):
             raise ConfigError(
@@ -83,6 +95,8 @@ class ExpertLayers:
             shapes[f"{prefix}.shared_expert.down_proj.weight"] = (hidden, shared)
         if self.shared_gate:
             shapes[f"{prefix}.shared_expert_gate.weight"] = (1, hidden)
+        if self.expert_bias:
+            shapes[f"{prefix}.expert_bias"] = (self.num_experts,)
         return shapes
 
 
@@ -102,6 +116,21 @@ def hf_experts(arch: str, config_json: Mapping[str, Any], num_layers: int) -> Ex
             normalize=True,  # its router always rescales
             shared_size=config_json.get("shared_expert_intermediate_size"),
             shared_gate=True,
+        )
+    if arch == "lfm2":  # LFM2-MoE: sigmoid scores, a choosing bias, a dense prefix
+        if experts is None:
+            return None  # the dense LFM2
+        scale = config_json.get("routed_scaling_factor", 1.0)
+        return ExpertLayers(
+            layers=tuple(range(config_json.get("num_dense_layers", 0), num_layers)),
+            num_experts=experts,
+            experts_per_token=config_json.get("num_experts_per_tok"),  # type: ignore[arg-type]
+            intermediate_size=config_json.get("moe_intermediate_size"),  # type: ignore[arg-type]
+            normalize=bool(config_json.get("norm_topk_prob", True)),
+            scoring="sigmoid",
+            expert_bias=bool(config_json.get("use_expert_bias", True)),
+            norm_eps=1e-6,
+            routed_scale=float(scale) if isinstance(scale, int | float) else scale,
         )
     if arch == "olmoe":  # every layer routes; the experts are `intermediate_size` wide
         layers = tuple(range(num_layers))
@@ -132,6 +161,11 @@ def experts_to_hf(arch: str, experts: ExpertLayers, num_layers: int) -> dict[str
         out["moe_intermediate_size"] = experts.intermediate_size
         out["decoder_sparse_step"] = 1
         out["mlp_only_layers"] = [i for i in range(num_layers) if i not in experts.layers]
+    if arch == "lfm2":
+        out["moe_intermediate_size"] = experts.intermediate_size
+        out["num_dense_layers"] = min(experts.layers)
+        out["use_expert_bias"] = experts.expert_bias
+        out["routed_scaling_factor"] = experts.routed_scale
     if arch == "qwen3_5":
         out["moe_intermediate_size"] = experts.intermediate_size
         out["shared_expert_intermediate_size"] = experts.shared_size
@@ -154,25 +188,33 @@ GGUF_SHARED_PARTS = {
     "ffn_gate_inp_shexp": "mlp.shared_expert_gate",
 }
 # Whether llama.cpp rescales each family's k weights (its graph fixes it, the file does not say)
-GGUF_NORMALIZE = {"qwen3_moe": True, "olmoe": False, "qwen3_5": True}
+GGUF_NORMALIZE = {"qwen3_moe": True, "olmoe": False, "qwen3_5": True, "lfm2": True}
+GGUF_SIGMOID = 2  # llama.cpp's `expert_gating_func` for sigmoid scores (1: softmax)
+GGUF_EXPERT_BIAS = "exp_probs_b.bias"  # the choosing bias, after `blk.N.`
 
 
 def gguf_experts(
-    arch: str, key: Callable[..., Any], num_layers: int, shared_gate: bool
+    arch: str, key: Callable[..., Any], num_layers: int, names: frozenset[str]
 ) -> ExpertLayers | None:
-    """A GGUF's experts (`key` reads `{arch}.<name>`), or None when it has none; `shared_gate`:
-    the file has a shared expert's gate (`ffn_gate_inp_shexp`)."""
+    """A GGUF's experts (`key` reads `{arch}.<name>`; `names`: its tensors), or None when it
+    has none."""
     count = key("expert_count", None)
     if not count:
         return None
     width = key("expert_feed_forward_length", None) or key("feed_forward_length")
     shared = key("expert_shared_feed_forward_length", None)
+    first = int(key("leading_dense_block_count", 0))
+    sigmoid = key("expert_gating_func", 1) == GGUF_SIGMOID
     return ExpertLayers(
-        layers=tuple(range(num_layers)),
+        layers=tuple(range(first, num_layers)),
         num_experts=int(count),
         experts_per_token=int(key("expert_used_count")),
         intermediate_size=int(width),
         normalize=bool(key("expert_weights_norm", GGUF_NORMALIZE.get(arch, False))),
         shared_size=int(shared) if shared else None,
-        shared_gate=shared_gate,
+        shared_gate=f"blk.{first}.ffn_gate_inp_shexp.weight" in names,
+        scoring="sigmoid" if sigmoid else "softmax",
+        expert_bias=f"blk.{first}.{GGUF_EXPERT_BIAS}" in names,
+        norm_eps=1e-6 if arch == "lfm2" else 0.0,
+        routed_scale=float(key("expert_weights_scale", 1.0)),
     )

@@ -147,10 +147,8 @@ def gguf_config(
             delta_net=delta_net,
             attn_output_gate=qwen3_5,
             mamba=mamba,
-            experts=gguf_experts(
-                arch, key, num_layers, "blk.0.ffn_gate_inp_shexp.weight" in gguf_names
-            )
-            if arch in ("qwen3_moe", "olmoe", "qwen3_5")
+            experts=gguf_experts(arch, key, num_layers, gguf_names)
+            if arch in ("qwen3_moe", "olmoe", "qwen3_5", "lfm2")
             else None,
             residual_multiplier=float(key("residual_scale", 1.0)) if granite else 1.0,
             logits_scaling=float(key("logit_scale", 1.0)) if granite else 1.0,

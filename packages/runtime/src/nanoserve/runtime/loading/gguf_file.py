@@ -42,7 +42,11 @@ from nanoserve.runtime.errors import (
 )
 from nanoserve.runtime.kernels import kernel_ops
 from nanoserve.runtime.loading.encoder_names import gguf_encoder_name
-from nanoserve.runtime.loading.expert_layers import GGUF_EXPERT_PARTS, GGUF_SHARED_PARTS
+from nanoserve.runtime.loading.expert_layers import (
+    GGUF_EXPERT_BIAS,
+    GGUF_EXPERT_PARTS,
+    GGUF_SHARED_PARTS,
+)
 from nanoserve.runtime.loading.gguf_blocks import GgufBlocks
 from nanoserve.runtime.loading.gguf_config import gguf_config, rope_scaling_tensors
 from nanoserve.runtime.loading.gguf_reader import GgufReader, TensorInfo
@@ -79,6 +83,7 @@ _ARCHITECTURES: dict[str, Architecture] = {
     "smollm3": "smollm3",
     "phi3": "phi3",
     "lfm2": "lfm2",
+    "lfm2moe": "lfm2",  # LFM2-MoE: LFM2 with experts
     "qwen35": "qwen3_5",
     "qwen35moe": "qwen3_5",  # Qwen3.5-MoE: Qwen3.5 with experts
     "granitehybrid": "granitemoehybrid",
@@ -128,7 +133,11 @@ _LAYER_NAMES_BY_ARCH = {
     "qwen3_5": _LAYER_NAMES | QWEN35_LAYER_NAMES,
     "granitemoehybrid": _LAYER_NAMES | GRANITE_LAYER_NAMES,
 }
-_WHOLE_NAMES_BY_ARCH = {"qwen3_5": QWEN35_WHOLE_NAMES, "granitemoehybrid": GRANITE_WHOLE_NAMES}
+_WHOLE_NAMES_BY_ARCH = {
+    "qwen3_5": QWEN35_WHOLE_NAMES,
+    "granitemoehybrid": GRANITE_WHOLE_NAMES,
+    "lfm2": {GGUF_EXPERT_BIAS: "mlp.expert_bias"},  # LFM2-MoE's choosing bias
+}
 _ROPE_TENSORS = frozenset(
     {"rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight"}
 )

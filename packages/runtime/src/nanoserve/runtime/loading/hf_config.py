@@ -46,6 +46,8 @@ def config_to_hf(config: ModelConfig) -> dict[str, Any]:
     class_name = HF_CLASS_NAMES[config.architecture]
     if config.architecture == "qwen3_5" and config.experts is not None:  # Qwen3.5-MoE
         model_type, class_name = "qwen3_5_moe_text", "Qwen3_5MoeForCausalLM"
+    if config.architecture == "lfm2" and config.experts is not None:  # LFM2-MoE
+        model_type, class_name = "lfm2_moe", "Lfm2MoeForCausalLM"
     out: dict[str, Any] = {
         "architectures": [class_name],
         "model_type": model_type,

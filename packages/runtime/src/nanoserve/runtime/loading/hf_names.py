@@ -18,6 +18,8 @@ each named at boot, as vLLM's `--language-model-only` skips the tower.
 
 from __future__ import annotations
 
+import re
+
 from nanoserve.runtime.loading.encoder_names import encoder_name, encoder_skipped_part
 
 ENCODERS = ("bert", "nomic_bert")  # named by encoder_names.py
@@ -55,10 +57,26 @@ FINAL_NORMS: dict[str, str] = {"lfm2": "model.embedding_norm.weight"}
 BASE_MODEL_PARTS = ("embed_tokens.", "layers.", "norm.")
 
 
+# LFM2-MoE's routed layers: `feed_forward.gate` (router), `.expert_bias`, `.experts.{e}.w1/w3/w2`
+LFM2_EXPERT = re.compile(r"\.feed_forward\.experts\.(\d+)\.w([123])\.")
+LFM2_EXPERT_PARTS = {"1": "gate_proj", "2": "down_proj", "3": "up_proj"}
+HF_EXPERT = re.compile(r"\.mlp\.experts\.(\d+)\.(gate|down|up)_proj\.")
+LFM2_ROUTER_NAMES = (
+    (".feed_forward.gate.", ".mlp.gate."),
+    (".feed_forward.expert_bias", ".mlp.expert_bias"),
+)
+
+
 def canonical_name(architecture: str, name: str) -> str:
     """`name` as the loader knows it: the family's part renamed, the rest kept."""
     if architecture in ENCODERS:
         return encoder_name(name)
+    if architecture == "lfm2" and (match := LFM2_EXPERT.search(name)):
+        part = LFM2_EXPERT_PARTS[match[2]]
+        return LFM2_EXPERT.sub(f".mlp.experts.{match[1]}.{part}.", name)
+    for stored, known in LFM2_ROUTER_NAMES if architecture == "lfm2" else ():
+        if stored in name:
+            return name.replace(stored, known, 1)
     if name.startswith(BASE_MODEL_PARTS):
         name = "model." + name
     for stored, known in PREFIXES.get(architecture, ()):
@@ -88,6 +106,12 @@ def family_name(architecture: str, name: str) -> str:
     inverse of `canonical_name`."""
     if name == "model.norm.weight" and architecture in FINAL_NORMS:
         return FINAL_NORMS[architecture]
+    if architecture == "lfm2" and (match := HF_EXPERT.search(name)):
+        number = {v: k for k, v in LFM2_EXPERT_PARTS.items()}[f"{match[2]}_proj"]
+        return HF_EXPERT.sub(f".feed_forward.experts.{match[1]}.w{number}.", name)
+    for stored, known in LFM2_ROUTER_NAMES if architecture == "lfm2" else ():
+        if known in name:
+            return name.replace(known, stored, 1)
     for stored, known in RENAMES.get(architecture, ()):
         if known in name:
             return name.replace(known, stored, 1)

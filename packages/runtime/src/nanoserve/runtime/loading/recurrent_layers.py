@@ -296,7 +296,8 @@ def lfm2_intermediate_size(config_json: Mapping[str, Any], source: str) -> Any:
     size = config_json.get("intermediate_size", config_json.get("block_ff_dim"))
     if size is None:
         raise ConfigError(source, "required field 'intermediate_size' is missing")
-    if not config_json.get("block_auto_adjust_ff_dim", True) or type(size) is not int:
+    adjust = config_json.get("block_auto_adjust_ff_dim", config_json.get("model_type") == "lfm2")
+    if not adjust or type(size) is not int:  # LFM2-MoE's dense layers are built as stated
         return size
     size = int(2 * size / 3)
     multiplier = config_json.get("block_ffn_dim_multiplier", 1.0)

@@ -45,6 +45,7 @@ class ExpertWeights:
     shared_gate_up: Linear | None = None
     shared_down: Linear | None = None
     shared_gate: torch.Tensor | None = None  # [1, hidden]: its output times sigmoid(h @ this.T)
+    bias: torch.Tensor | None = None  # [experts] float32: added to the scores to choose (LFM2-MoE)
 
 
 @contextmanager
@@ -63,14 +64,22 @@ def is_static(device: torch.device) -> bool:
     return device.type != "cpu" or _STATIC.get()
 
 
-def route(logits: torch.Tensor, experts: ExpertLayers) -> tuple[torch.Tensor, torch.Tensor]:
+def route(
+    logits: torch.Tensor, experts: ExpertLayers, bias: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The router's logits [rows, experts] as each row's k weights (float32) and experts
-    (int64), [rows, k] each, best first."""
-    probs = torch.softmax(logits.float(), dim=-1)
-    ranked, order = torch.sort(probs, dim=-1, descending=True, stable=True)
-    weights, chosen = ranked[:, : experts.experts_per_token], order[:, : experts.experts_per_token]
+    (int64), [rows, k] each, best first: scored by softmax or sigmoid, chosen by the scores
+    plus `bias` (if any), weighted by the scores, rescaled and scaled as configured."""
+    logits = logits.float()
+    scores = torch.softmax(logits, dim=-1) if experts.scoring == "softmax" else logits.sigmoid()
+    choosing = scores if bias is None else scores + bias
+    _, order = torch.sort(choosing, dim=-1, descending=True, stable=True)
+    chosen = order[:, : experts.experts_per_token]
+    weights = scores.gather(1, chosen)
     if experts.normalize:
-        weights = weights / weights.sum(dim=-1, keepdim=True)
+        weights = weights / (weights.sum(dim=-1, keepdim=True) + experts.norm_eps)
+    if experts.routed_scale != 1.0:
+        weights = weights * experts.routed_scale
     return weights, chosen
 
 
@@ -119,7 +128,7 @@ def mix_experts(
 ) -> torch.Tensor:
     """The routed MLP's output [rows, hidden]: each row's k experts' outputs times their
     weights, summed in rank order."""
-    mix, chosen = route(router_logits, experts)
+    mix, chosen = route(router_logits, experts, weights.bias)
     dispatch = static if is_static(h.device) else grouped
     outputs = dispatch(h, chosen, experts.num_experts, run)  # [rows, k, hidden]
     mix = mix.to(outputs.dtype)

@@ -187,6 +187,8 @@ def assemble_weights(
                 ),
                 down=tuple(linear(f"{p}experts.{j}.down_proj.weight") for j in e),
             )
+            if config.experts.expert_bias:
+                experts = replace(experts, bias=take(f"{p}expert_bias", torch.float32))
             if config.experts.shared_size is not None:
                 s = f"{p}shared_expert."
                 experts = replace(
