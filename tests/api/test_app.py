@@ -97,6 +97,7 @@ async def test_health_when_ready() -> None:
         "speculation": None,
         "task": "generate",
         "pooler": None,
+        "experts": None,
     }
 
 
