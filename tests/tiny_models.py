@@ -86,16 +86,18 @@ _TO_GGUF_GEMMA3 = _TO_GGUF | {
     "pre_feedforward_layernorm": "ffn_norm",
     "post_feedforward_layernorm": "post_ffw_norm",
 }
+# The hybrids' layer pattern: a recurrent layer, one that attends, two recurrent ones
+ONE_ATTENTION_IN_FOUR = [
+    "linear_attention",
+    "full_attention",
+    "linear_attention",
+    "linear_attention",
+]
 # Qwen3.5's hybrid: gated DeltaNet on three of four layers, the last among them (2 key
 # heads serving 4 value heads of 16), gated attention with rotary on a quarter of each head
 TINY_QWEN3_5: dict[str, Any] = {
     "num_hidden_layers": 4,
-    "layer_types": [
-        "linear_attention",
-        "full_attention",
-        "linear_attention",
-        "linear_attention",
-    ],
+    "layer_types": ONE_ATTENTION_IN_FOUR,
     "head_dim": 16,
     "linear_num_key_heads": 2,
     "linear_num_value_heads": 4,
@@ -133,12 +135,7 @@ TINY_ARCH_OVERRIDES: dict[str, dict[str, Any]] = {
     # multipliers, a dense MLP and no experts (Micro)
     "granitemoehybrid": {
         "num_hidden_layers": 4,
-        "layer_types": [
-            "linear_attention",
-            "full_attention",
-            "linear_attention",
-            "linear_attention",
-        ],
+        "layer_types": ONE_ATTENTION_IN_FOUR,
         "mamba_n_heads": 8,
         "mamba_n_groups": 2,
         "mamba_d_state": 16,

@@ -138,6 +138,33 @@ def mix_experts(
     return total
 
 
+def routed_mlp(
+    h: torch.Tensor,
+    weights: ExpertWeights,
+    experts: ExpertLayers,
+    linear: Callable[[torch.Tensor, Linear], torch.Tensor],
+    gated_act: Callable[[torch.Tensor], torch.Tensor],
+    ran: Callable[[int], None],
+) -> torch.Tensor:
+    """A routed layer's output [rows, hidden]: the router, the mixture of the chosen experts
+    (`ran` told of each expert run), and a shared expert where there is one (Qwen3.5-MoE's,
+    times the sigmoid of its gate). `linear` and `gated_act` are the model's own."""
+
+    def run(rows: torch.Tensor, expert: int) -> torch.Tensor:
+        ran(expert)
+        return linear(gated_act(linear(rows, weights.gate_up[expert])), weights.down[expert])
+
+    logits = linear(h.to(weights.router.dtype), weights.router)
+    mixed = mix_experts(h, weights, experts, run, logits)
+    if weights.shared_gate_up is None or weights.shared_down is None:
+        return mixed
+    shared = linear(gated_act(linear(h, weights.shared_gate_up)), weights.shared_down)
+    if weights.shared_gate is not None:
+        gate = linear(h.to(weights.shared_gate.dtype), weights.shared_gate)
+        shared = shared * gate.sigmoid().to(shared.dtype)
+    return mixed + shared
+
+
 def linear_bytes(w: Linear) -> int:
     """The bytes a linear's weights hold as served."""
     if isinstance(w, QuantLinear):

@@ -44,7 +44,7 @@ from nanoserve.runtime.model.batch_invariance import attention_dtype, invariance
 from nanoserve.runtime.model.delta_net import delta_net
 from nanoserve.runtime.model.device import resolve_device
 from nanoserve.runtime.model.embedding import QuantEmbedding
-from nanoserve.runtime.model.experts import ExpertUsage, ExpertWeights, mix_experts
+from nanoserve.runtime.model.experts import ExpertUsage, ExpertWeights, routed_mlp
 from nanoserve.runtime.model.int8_weight import Int8Weight
 from nanoserve.runtime.model.kv_pool import CacheRows
 from nanoserve.runtime.model.layer_kind import layer_kinds
@@ -242,22 +242,10 @@ class LlamaModel:
         """A routed layer's output: [tokens, hidden] (experts.py)."""
         assert self.config.experts is not None and self.expert_usage is not None
         usage, routed = self.expert_usage, self.routed_index[layer]
-
-        def run(rows: torch.Tensor, expert: int) -> torch.Tensor:
-            usage.ran(routed, expert)
-            gate_up = self._linear(rows, weights.gate_up[expert])
-            return self._linear(self.ops.gated_act(gate_up), weights.down[expert])
-
-        logits = self._linear(h.to(weights.router.dtype), weights.router)
-        mixed = mix_experts(h, weights, self.config.experts, run, logits)
-        if weights.shared_gate_up is None or weights.shared_down is None:
-            return mixed
-        gate_up = self._linear(h, weights.shared_gate_up)  # Qwen3.5-MoE's shared expert
-        shared = self._linear(self.ops.gated_act(gate_up), weights.shared_down)
-        if weights.shared_gate is not None:
-            gate = self._linear(h.to(weights.shared_gate.dtype), weights.shared_gate)
-            shared = shared * gate.sigmoid().to(shared.dtype)
-        return mixed + shared
+        return routed_mlp(
+            h, weights, self.config.experts, self._linear, self.ops.gated_act,
+            lambda expert: usage.ran(routed, expert),
+        )  # fmt: skip
 
     def _projection_norms(
         self, qkv: torch.Tensor, norms: tuple[torch.Tensor, torch.Tensor]
