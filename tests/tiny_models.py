@@ -150,6 +150,27 @@ TINY_ARCH_OVERRIDES: dict[str, dict[str, Any]] = {
         "logits_scaling": 4.0,
         "pad_token_id": None,
     },
+    # Granite 4.0-H Tiny's form: the hybrid with 4 experts of 32 on every layer (2 a token,
+    # weighed by a softmax over the two), beside the dense MLP
+    "granite_moe": {
+        "num_hidden_layers": 4,
+        "layer_types": ONE_ATTENTION_IN_FOUR,
+        "mamba_n_heads": 8,
+        "mamba_n_groups": 2,
+        "mamba_d_state": 16,
+        "mamba_d_conv": 4,
+        "mamba_expand": 2,
+        "num_local_experts": 4,
+        "num_experts_per_tok": 2,
+        "intermediate_size": 32,
+        "shared_intermediate_size": 64,
+        "position_embedding_type": "nope",
+        "embedding_multiplier": 2.0,
+        "residual_multiplier": 0.5,
+        "attention_multiplier": 0.2,
+        "logits_scaling": 4.0,
+        "pad_token_id": None,
+    },
     # Qwen3-MoE: 4 experts of 32 on every layer, 2 a token, their weights rescaled to sum to one
     "qwen3_moe": {
         "head_dim": 16,
@@ -257,6 +278,10 @@ def make_tiny_model_dir(
         "lfm2": (transformers.Lfm2Config, transformers.Lfm2ForCausalLM),
         "qwen3_5": (transformers.Qwen3_5TextConfig, transformers.Qwen3_5ForCausalLM),
         "granitemoehybrid": (
+            transformers.GraniteMoeHybridConfig,
+            transformers.GraniteMoeHybridForCausalLM,
+        ),
+        "granite_moe": (
             transformers.GraniteMoeHybridConfig,
             transformers.GraniteMoeHybridForCausalLM,
         ),
@@ -393,6 +418,9 @@ def write_tiny_gguf(
         mamba = [t == "linear_attention" for t in config["layer_types"]]
         writer.add_head_count_kv([0 if m else kv_heads for m in mamba])
         writer.add_expert_shared_feed_forward_length(config["shared_intermediate_size"])
+        if experts:  # Tiny, Small: llama.cpp writes the counts, the experts' width as the MLP's
+            writer.add_expert_count(experts)
+            writer.add_expert_used_count(config["num_experts_per_tok"])
         writer.add_ssm_conv_kernel(config["mamba_d_conv"])
         writer.add_ssm_state_size(config["mamba_d_state"])
         writer.add_ssm_group_count(config["mamba_n_groups"])
@@ -489,14 +517,26 @@ def write_tiny_gguf(
             values = _qwen35_gguf_values(name, values, config)
         elif granite:
             values = _granite_gguf_values(name, values, config)
+            blk = f"blk.{name.split('.')[2]}"
+            shexp = "_shexp" if experts else ""  # the dense MLP beside experts is `_shexp`
             if ".shared_mlp.input_linear." in name:  # split, as llama.cpp's converter does
                 gate, up = np.split(values, 2)
-                prefix = name.split(".shared_mlp.")[0]
-                for part, half in (("gate", gate), ("up", up)):
-                    put(_gguf_name(f"{prefix}.mlp.{part}_proj.weight", arch_name), half)
+                put(f"{blk}.ffn_gate{shexp}.weight", gate)
+                put(f"{blk}.ffn_up{shexp}.weight", up)
                 continue
-            if ".shared_mlp.output_linear." in name:  # ffn_down without experts, not _shexp
-                put(f"blk.{name.split('.')[2]}.ffn_down.weight", values)
+            if ".shared_mlp.output_linear." in name:
+                put(f"{blk}.ffn_down{shexp}.weight", values)
+                continue
+            if ".block_sparse_moe.input_linear." in name:  # [experts, 2 * width, hidden]
+                gate, up = np.split(values, 2, axis=1)
+                put(f"{blk}.ffn_gate_exps.weight", gate)
+                put(f"{blk}.ffn_up_exps.weight", up)
+                continue
+            if ".block_sparse_moe.output_linear." in name:
+                put(f"{blk}.ffn_down_exps.weight", values)
+                continue
+            if ".block_sparse_moe.router." in name:
+                put(f"{blk}.ffn_gate_inp.weight", values)
                 continue
         gguf_name = _gguf_name(name, arch_name)
         attends = mtp_blocks and gguf_name.startswith("blk.") and "layer_types" in config

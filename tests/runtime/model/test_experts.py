@@ -140,3 +140,26 @@ def test_sigmoid_routing_chooses_with_the_bias_and_weighs_without_it() -> None:
         picked = scores[chosen[row]]
         want = picked / (picked.sum() + 1e-6) * 2.5
         assert torch.allclose(weights[row].double(), want, rtol=2e-7, atol=0)
+
+
+def test_topk_softmax_routing_weighs_the_chosen_by_a_softmax_over_them() -> None:
+    """Granite's (and gpt-oss's): the k highest logits (ties to the lower index), weighed by a
+    softmax over those k alone, against float64."""
+    experts = ExpertLayers(
+        layers=(0,),
+        num_experts=4,
+        experts_per_token=2,
+        intermediate_size=8,
+        normalize=False,
+        scoring="topk_softmax",
+    )
+    weights, chosen = route(LOGITS, experts)
+    assert chosen.tolist() == [[0, 1], [1, 2], [0, 2], [3, 1]]
+    for row in range(len(LOGITS)):
+        want = torch.softmax(LOGITS[row].double()[chosen[row]], dim=0)
+        assert torch.allclose(weights[row].double(), want, rtol=2e-7, atol=0)
+    assert weights[0].tolist() == [0.5, 0.5]
+    # the same numbers as a softmax over all, the k rescaled (llama.cpp's form), to rounding
+    rescaled, again = route(LOGITS, experts_of(normalize=True))
+    assert torch.equal(again, chosen)
+    assert torch.allclose(weights, rescaled, rtol=1e-6, atol=0)

@@ -1,5 +1,6 @@
-"""Qwen3-MoE, OLMoE and Qwen3.5-MoE (the hybrid with a gated shared expert): greedy tokens against transformers (recomputing everything), on a prefix
-cache hit, with a dense layer among the routed ones, and their configs from both loaders.
+"""Qwen3-MoE, OLMoE, Qwen3.5-MoE (the hybrid with a gated shared expert), LFM2-MoE and
+Granite 4.0-H's experts (stacked, beside the dense MLP): greedy tokens against transformers
+(recomputing everything), on a prefix cache hit, with a dense layer among the routed ones, and their configs from both loaders.
 Alone, batched, eager, bucketed, recorded, the kernels and the CUDA trace are in
 test_architectures.py; routing and dispatch in test_experts.py."""
 
@@ -18,7 +19,7 @@ from nanoserve.runtime.model.llama import LlamaModel
 from tests.runtime.hybrid_engine import PROMPT, engine_of, greedy, transformers_greedy
 from tests.runtime.paged_logits import paged_logits, rel_error
 
-FAMILIES = ["qwen3_moe", "olmoe", "qwen3_5_moe", "lfm2_moe"]
+FAMILIES = ["qwen3_moe", "olmoe", "qwen3_5_moe", "lfm2_moe", "granite_moe"]
 
 
 @pytest.fixture(scope="module", params=FAMILIES)
@@ -42,16 +43,20 @@ def test_the_configs_route_as_their_families(moe_dir: Path) -> None:
     experts = config.experts
     arch = config.architecture
     olmoe, qwen3_5, lfm2 = arch == "olmoe", arch == "qwen3_5", arch == "lfm2"
+    granite = arch == "granitemoehybrid"
     assert experts is not None and experts.layers == tuple(range(lfm2, config.num_layers))
     assert (experts.num_experts, experts.experts_per_token, experts.intermediate_size) == (4, 2, 32)
-    assert experts.normalize is not olmoe  # the others rescale the chosen weights, OLMoE not
-    assert (config.qk_norm, config.projection_qk_norm) == (not olmoe, olmoe)
-    assert (experts.shared_size, experts.shared_gate) == ((64, True) if qwen3_5 else (None, False))
-    assert config.recurrent_layers == ((0, 2, 3) if qwen3_5 or lfm2 else ())
-    # LFM2-MoE: sigmoid scores, chosen with a bias, the rescaled sum under 1e-6
-    assert (experts.scoring, experts.expert_bias) == (
-        ("sigmoid", True) if lfm2 else ("softmax", False)
+    # the others rescale the chosen weights; OLMoE not, Granite's softmax over the k needs not
+    assert experts.normalize is not (olmoe or granite)
+    assert (config.qk_norm, config.projection_qk_norm) == (not olmoe and not granite, olmoe)
+    assert (experts.shared_size, experts.shared_gate, experts.shared_is_mlp) == (
+        (64, True, False) if qwen3_5 else (64, False, True) if granite else (None, False, False)
     )
+    assert config.recurrent_layers == ((0, 2, 3) if qwen3_5 or lfm2 or granite else ())
+    # LFM2-MoE: sigmoid scores, chosen with a bias, the rescaled sum under 1e-6; Granite: the
+    # k highest logits, a softmax over them
+    scoring = "sigmoid" if lfm2 else "topk_softmax" if granite else "softmax"
+    assert (experts.scoring, experts.expert_bias) == (scoring, lfm2)
     assert experts.norm_eps == (1e-6 if lfm2 else 0.0)
 
 

@@ -219,7 +219,7 @@ def expected_tensor_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
         if attends:
             shapes[f"{attn}.o_proj.weight"] = (hidden, config.q_size)
         if config.experts is not None and i in config.experts.layers:  # the router, experts
-            shapes.update(config.experts.expert_shapes(mlp, hidden))
+            shapes.update(config.experts.expert_shapes(mlp, hidden, config.fused_mlp))
         elif config.fused_mlp:
             shapes[f"{mlp}.gate_up_proj.weight"] = (2 * inter, hidden)
             shapes[f"{mlp}.down_proj.weight"] = (hidden, inter)

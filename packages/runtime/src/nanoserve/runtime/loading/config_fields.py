@@ -63,13 +63,6 @@ def check_unbuilt_fields(arch: str, config_json: Mapping[str, Any], source: str)
         raise UnsupportedModelError(
             source, f"clip_qkv={config_json['clip_qkv']!r} is not supported"
         )
-    experts = config_json.get("num_local_experts", 8)
-    if arch == "granitemoehybrid" and experts:
-        raise UnsupportedModelError(
-            source,
-            f"num_local_experts={experts}: Granite 4.0-H's mixture of experts is not built"
-            " (the dense Micro is)",
-        )
 
 
 def granite_number(config_json: Mapping[str, Any], name: str, granite: bool, source: str) -> float:

@@ -30,6 +30,7 @@ from nanoserve.runtime.loading.checkpoint import Checkpoint, load_checkpoint
 from nanoserve.runtime.loading.gguf_recurrent import grouped_value_heads
 from nanoserve.runtime.loading.hf_config import config_to_hf
 from nanoserve.runtime.loading.hf_names import family_name
+from nanoserve.runtime.loading.hf_stacked import stacked_shapes, stacked_values
 
 # Bump when convert_gguf's output changes: cached conversions from older versions are then ignored.
 CONVERTER_VERSION = 1
@@ -57,6 +58,9 @@ def convert_gguf(gguf_path: str | os.PathLike[str], out_dir: str | os.PathLike[s
     shapes, values = checkpoint.tensor_shapes(), _hf_values(checkpoint)
     if fuse:
         shapes, values = _fused_mlp_shapes(shapes), _fused_mlp_values(values)
+    if arch == "granitemoehybrid" and model.experts is not None:  # its experts as two stacks
+        values = stacked_values(values, shapes)
+        shapes = stacked_shapes(shapes)
     shapes = {family_name(arch, name): shape for name, shape in shapes.items()}
     named = ((family_name(arch, name), value) for name, value in values)  # LFM2's own names
     _write_safetensors(out / "model.safetensors", shapes, named)

@@ -13,10 +13,13 @@ Qwen3-MoE (always rescaled), and adds a shared expert that every token runs
 (`shared_expert_gate`). LFM2-MoE scores each expert by a sigmoid, chooses by the scores plus a
 learned bias (`expert_bias`, `use_expert_bias`), weights the chosen by their unbiased scores
 rescaled to sum to one (`norm_topk_prob`, with 1e-6 under the sum) and times
-`routed_scaling_factor`; its first `num_dense_layers` layers keep a dense MLP.
+`routed_scaling_factor`; its first `num_dense_layers` layers keep a dense MLP. Granite 4.0-H
+(Tiny, Small) chooses the k highest logits and weighs them by a softmax over those k alone
+(`topk_softmax`), and keeps its dense MLP (`shared_mlp`) beside the experts on every layer,
+its output added: a shared expert stored under the MLP's own names (`shared_is_mlp`).
 
 A Hugging Face checkpoint stores each expert's linears apart (`mlp.experts.{e}.gate_proj`),
-the router as `mlp.gate`; a GGUF stores them stacked (`ffn_gate_exps`: [experts, rows, cols])
+the router as `mlp.gate` (Granite stacks them: hf_stacked.py); a GGUF stores them stacked (`ffn_gate_exps`: [experts, rows, cols])
 and the router as `ffn_gate_inp`, with the counts as `{arch}.expert_count`,
 `{arch}.expert_used_count` and the width as `{arch}.expert_feed_forward_length`.
 """
@@ -29,8 +32,10 @@ from typing import Any, Literal
 
 from nanoserve.runtime.errors import ConfigError, UnsupportedModelError
 
-# softmax over all experts, then the top k (Qwen, OLMoE); or each expert's sigmoid (LFM2-MoE)
-Scoring = Literal["softmax", "sigmoid"]
+# softmax over all experts, then the top k (Qwen, OLMoE); each expert's sigmoid (LFM2-MoE); or
+# the k highest logits, then a softmax over those k (Granite)
+Scoring = Literal["softmax", "sigmoid", "topk_softmax"]
+SCORINGS: tuple[Scoring, ...] = ("softmax", "sigmoid", "topk_softmax")
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +53,8 @@ class ExpertLayers:
     expert_bias: bool = False  # a learned bias added to the scores to choose (not to weigh)
     norm_eps: float = 0.0  # added to the k weights' sum when they are rescaled
     routed_scale: float = 1.0  # the k weights times this
+    # the shared expert is the layer's dense MLP, under its names (Granite's `shared_mlp`)
+    shared_is_mlp: bool = False
 
     def check(self, num_layers: int, source: str) -> None:
         for name in ("num_experts", "experts_per_token", "intermediate_size"):
@@ -72,16 +79,19 @@ class ExpertLayers:
                 raise ConfigError(
                     source, f"experts: {name}={getattr(self, name)!r} must be a float"
                 )
-        if self.scoring not in ("softmax", "sigmoid"):
+        if self.scoring not in SCORINGS:
             raise UnsupportedModelError(source, f"expert scoring {self.scoring!r}")
         if any(type(i) is not int or not 0 <= i < num_layers for i in self.layers):
             raise ConfigError(
                 source, f"expert layers {self.layers} name a layer outside 0..{num_layers - 1}"
             )
 
-    def expert_shapes(self, prefix: str, hidden: int) -> dict[str, tuple[int, ...]]:
+    def expert_shapes(
+        self, prefix: str, hidden: int, fused_mlp: bool = False
+    ) -> dict[str, tuple[int, ...]]:
         """One routed layer's tensors by Hugging Face name: the router, then each expert's
-        gate, up and down projections."""
+        gate, up and down projections, then a shared expert's (`fused_mlp`: gate and up as one,
+        where it is the layer's MLP)."""
         inter = self.intermediate_size
         shapes: dict[str, tuple[int, ...]] = {f"{prefix}.gate.weight": (self.num_experts, hidden)}
         for e in range(self.num_experts):
@@ -90,9 +100,13 @@ class ExpertLayers:
             shapes[f"{prefix}.experts.{e}.down_proj.weight"] = (hidden, inter)
         if self.shared_size is not None:
             shared = self.shared_size
-            shapes[f"{prefix}.shared_expert.gate_proj.weight"] = (shared, hidden)
-            shapes[f"{prefix}.shared_expert.up_proj.weight"] = (shared, hidden)
-            shapes[f"{prefix}.shared_expert.down_proj.weight"] = (hidden, shared)
+            s = prefix if self.shared_is_mlp else f"{prefix}.shared_expert"
+            if fused_mlp:
+                shapes[f"{s}.gate_up_proj.weight"] = (2 * shared, hidden)
+            else:
+                shapes[f"{s}.gate_proj.weight"] = (shared, hidden)
+                shapes[f"{s}.up_proj.weight"] = (shared, hidden)
+            shapes[f"{s}.down_proj.weight"] = (hidden, shared)
         if self.shared_gate:
             shapes[f"{prefix}.shared_expert_gate.weight"] = (1, hidden)
         if self.expert_bias:
@@ -101,8 +115,8 @@ class ExpertLayers:
 
 
 def hf_experts(arch: str, config_json: Mapping[str, Any], num_layers: int) -> ExpertLayers | None:
-    """Qwen3-MoE's, OLMoE's or Qwen3.5-MoE's experts from config.json (types checked by
-    `check`); None for a Qwen3.5 without them."""
+    """A family's experts from config.json (types checked by `check`); None for a hybrid
+    without them (the dense Qwen3.5, LFM2, Granite 4.0-H Micro)."""
     # transformers 5 writes `num_local_experts` where the checkpoints say `num_experts`
     experts = config_json.get("num_experts", config_json.get("num_local_experts"))
     if arch == "qwen3_5":  # Qwen3.5-MoE: every layer routes, with a gated shared expert
@@ -131,6 +145,20 @@ def hf_experts(arch: str, config_json: Mapping[str, Any], num_layers: int) -> Ex
             expert_bias=bool(config_json.get("use_expert_bias", True)),
             norm_eps=1e-6,
             routed_scale=float(scale) if isinstance(scale, int | float) else scale,
+        )
+    if arch == "granitemoehybrid":  # every layer routes, beside its dense MLP
+        experts = config_json.get("num_local_experts", 8)  # transformers' defaults: 8, top 2
+        if not experts:
+            return None  # Micro: the dense MLP alone
+        return ExpertLayers(
+            layers=tuple(range(num_layers)),
+            num_experts=experts,
+            experts_per_token=config_json.get("num_experts_per_tok", 2),
+            intermediate_size=config_json.get("intermediate_size"),  # type: ignore[arg-type]
+            normalize=False,  # a softmax over the k is its own rescaling
+            scoring="topk_softmax",
+            shared_size=config_json.get("shared_intermediate_size"),
+            shared_is_mlp=True,
         )
     if arch == "olmoe":  # every layer routes; the experts are `intermediate_size` wide
         layers = tuple(range(num_layers))
@@ -169,6 +197,11 @@ def experts_to_hf(arch: str, experts: ExpertLayers, num_layers: int) -> dict[str
     if arch == "qwen3_5":
         out["moe_intermediate_size"] = experts.intermediate_size
         out["shared_expert_intermediate_size"] = experts.shared_size
+    if arch == "granitemoehybrid":  # the MLP's width is `shared_intermediate_size` already
+        del out["num_experts"]
+        out["num_local_experts"] = experts.num_experts
+        out["intermediate_size"] = experts.intermediate_size
+    if arch in ("qwen3_5", "granitemoehybrid"):
         del out["norm_topk_prob"]
     return out
 
@@ -189,6 +222,11 @@ GGUF_SHARED_PARTS = {
 }
 # Whether llama.cpp rescales each family's k weights (its graph fixes it, the file does not say)
 GGUF_NORMALIZE = {"qwen3_moe": True, "olmoe": False, "qwen3_5": True, "lfm2": True}
+# Granite's shared expert is its dense MLP (llama.cpp names it `ffn_*_shexp` when experts are
+# beside it); it weighs the k by a softmax over them (llama.cpp: softmax, top k, rescaled:
+# the same numbers)
+GGUF_SHARED_IS_MLP = {"ffn_gate_shexp": "mlp.gate_proj", "ffn_up_shexp": "mlp.up_proj",
+                      "ffn_down_shexp": "mlp.down_proj"}  # fmt: skip
 GGUF_SIGMOID = 2  # llama.cpp's `expert_gating_func` for sigmoid scores (1: softmax)
 GGUF_EXPERT_BIAS = "exp_probs_b.bias"  # the choosing bias, after `blk.N.`
 
@@ -205,16 +243,18 @@ def gguf_experts(
     shared = key("expert_shared_feed_forward_length", None)
     first = int(key("leading_dense_block_count", 0))
     sigmoid = key("expert_gating_func", 1) == GGUF_SIGMOID
+    granite = arch == "granitemoehybrid"
     return ExpertLayers(
         layers=tuple(range(first, num_layers)),
         num_experts=int(count),
         experts_per_token=int(key("expert_used_count")),
         intermediate_size=int(width),
-        normalize=bool(key("expert_weights_norm", GGUF_NORMALIZE.get(arch, False))),
+        normalize=not granite and bool(key("expert_weights_norm", GGUF_NORMALIZE.get(arch, False))),
         shared_size=int(shared) if shared else None,
         shared_gate=f"blk.{first}.ffn_gate_inp_shexp.weight" in names,
-        scoring="sigmoid" if sigmoid else "softmax",
+        scoring="sigmoid" if sigmoid else "topk_softmax" if granite else "softmax",
         expert_bias=f"blk.{first}.{GGUF_EXPERT_BIAS}" in names,
         norm_eps=1e-6 if arch == "lfm2" else 0.0,
         routed_scale=float(key("expert_weights_scale", 1.0)),
+        shared_is_mlp=granite,
     )

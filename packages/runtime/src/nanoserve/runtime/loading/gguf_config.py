@@ -148,7 +148,7 @@ def gguf_config(
             attn_output_gate=qwen3_5,
             mamba=mamba,
             experts=gguf_experts(arch, key, num_layers, gguf_names)
-            if arch in ("qwen3_moe", "olmoe", "qwen3_5", "lfm2")
+            if arch in ("qwen3_moe", "olmoe", "qwen3_5", "lfm2", "granitemoehybrid")
             else None,
             residual_multiplier=float(key("residual_scale", 1.0)) if granite else 1.0,
             logits_scaling=float(key("logit_scale", 1.0)) if granite else 1.0,

@@ -45,6 +45,7 @@ from nanoserve.runtime.loading.encoder_names import gguf_encoder_name
 from nanoserve.runtime.loading.expert_layers import (
     GGUF_EXPERT_BIAS,
     GGUF_EXPERT_PARTS,
+    GGUF_SHARED_IS_MLP,
     GGUF_SHARED_PARTS,
 )
 from nanoserve.runtime.loading.gguf_blocks import GgufBlocks
@@ -131,7 +132,7 @@ _LAYER_NAMES_BY_ARCH = {
     "phi3": _PHI3_LAYER_NAMES,
     "lfm2": _LAYER_NAMES | LFM2_LAYER_NAMES,
     "qwen3_5": _LAYER_NAMES | QWEN35_LAYER_NAMES,
-    "granitemoehybrid": _LAYER_NAMES | GRANITE_LAYER_NAMES,
+    "granitemoehybrid": _LAYER_NAMES | GRANITE_LAYER_NAMES | GGUF_SHARED_IS_MLP,
 }
 _WHOLE_NAMES_BY_ARCH = {
     "qwen3_5": QWEN35_WHOLE_NAMES,

@@ -27,6 +27,7 @@ from nanoserve.runtime.errors import (
 )
 from nanoserve.runtime.loading.encoder_names import with_fused_qkv
 from nanoserve.runtime.loading.hf_names import canonical_name, skipped_part
+from nanoserve.runtime.loading.hf_stacked import StackedPart, stacked_parts
 from nanoserve.runtime.loading.model_config import ModelConfig
 from nanoserve.runtime.text.tokenizer import Tokenizer
 
@@ -44,6 +45,8 @@ class HfDir:
     shapes: Mapping[str, tuple[int, ...]] = field(repr=False)  # from the file headers
     # The loader's name -> the file's, where the family names it otherwise (hf_names.py).
     stored_names: Mapping[str, str] = field(repr=False, default_factory=dict)
+    # An expert's linear stored within a stack of them all (hf_stacked.py): name -> its slice.
+    stacked: Mapping[str, StackedPart] = field(repr=False, default_factory=dict)
     # Parts of the checkpoint not loaded (Qwen3.5's vision tower): part -> its tensor count.
     skipped: Mapping[str, int] = field(default_factory=dict)
     config_json: Mapping[str, Any] = field(repr=False, default_factory=dict)  # as stored
@@ -76,6 +79,11 @@ class HfDir:
         stored = {
             canonical_name(arch, name): name for name in shapes if skipped_part(arch, name) is None
         }
+        split: dict[str, tuple[StackedPart, tuple[int, ...]]] = {}  # experts stored stacked
+        for known, name in list(stored.items()):
+            if (parts := stacked_parts(arch, name, shapes[name])) is not None:
+                del stored[known]
+                split.update(parts)
         if config.encoder is not None:  # q, k and v as one tensor or three: as the file has them
             config = with_fused_qkv(config, stored)
         return cls(
@@ -83,8 +91,11 @@ class HfDir:
             config=config,
             tokenizer=tokenizer,
             chat_template=_chat_template(path, tokenizer_config),
-            shard_of={known: shard_of[name] for known, name in stored.items()},
-            shapes={known: shapes[name] for known, name in stored.items()},
+            shard_of={known: shard_of[name] for known, name in stored.items()}
+            | {known: shard_of[part.stored] for known, (part, _) in split.items()},
+            shapes={known: shapes[name] for known, name in stored.items()}
+            | {known: shape for known, (_, shape) in split.items()},
+            stacked={known: part for known, (part, _) in split.items()},
             stored_names={known: name for known, name in stored.items() if known != name},
             skipped=skipped,
             config_json=config_json,
@@ -105,7 +116,10 @@ class HfDir:
                 if shard not in handles:
                     handles[shard] = stack.enter_context(_open(shard))
                 try:
-                    tensor = handles[shard].get_tensor(self.stored_names.get(name, name))
+                    if (part := self.stacked.get(name)) is not None:
+                        tensor = part.read(handles[shard])
+                    else:
+                        tensor = handles[shard].get_tensor(self.stored_names.get(name, name))
                 except SafetensorError as error:
                     raise WeightsError(shard, f"cannot read tensor {name!r}: {error}") from None
                 yield name, tensor

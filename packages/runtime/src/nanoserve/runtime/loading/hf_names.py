@@ -8,7 +8,8 @@ and its final norm `embedding_norm`; its convolution layers keep their own names
 (`conv.in_proj`, `conv.conv`, `conv.out_proj`), which no other family has.
 
 Granite 4.0-H calls its MLP `shared_mlp` (`input_linear`: gate and up as one; `output_linear`:
-down); its Mamba2 layers keep their own names (`mamba.*`).
+down), its router `block_sparse_moe.router.layer` (its experts are stacked: hf_stacked.py); its
+Mamba2 layers keep their own names (`mamba.*`).
 
 Qwen3.5 keeps Qwen's names (its DeltaNet layers' are `linear_attn.*`), but its checkpoint with a
 vision tower nests the language model under `model.language_model.`, beside `model.visual.`
@@ -37,6 +38,7 @@ LFM2_NAMES: tuple[tuple[str, str], ...] = (
 GRANITE_NAMES: tuple[tuple[str, str], ...] = (
     (".shared_mlp.input_linear.", ".mlp.gate_up_proj."),
     (".shared_mlp.output_linear.", ".mlp.down_proj."),
+    (".block_sparse_moe.router.layer.", ".mlp.gate."),  # the router (Tiny, Small)
 )
 RENAMES: dict[str, tuple[tuple[str, str], ...]] = {
     "lfm2": LFM2_NAMES,

@@ -296,7 +296,7 @@ class ModelConfig:
             )
         arch = HF_MODEL_TYPES[model_type]
         lfm2, qwen3_5, granite = arch == "lfm2", arch == "qwen3_5", arch == "granitemoehybrid"
-        moe = arch in ("qwen3_moe", "olmoe", "qwen3_5", "lfm2")
+        moe = arch in ("qwen3_moe", "olmoe", "qwen3_5", "lfm2", "granitemoehybrid")
         check_unbuilt_fields(arch, config_json, source)
         defaults = {
             "max_position_embeddings": DEFAULT_MAX_POSITIONS[arch],

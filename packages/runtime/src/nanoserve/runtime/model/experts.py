@@ -1,8 +1,9 @@
 """A mixture of experts in place of a layer's MLP: the router scores the experts, each token's
 row runs through the k it chose, and their outputs are summed by the router's weights.
 
-Routing (`route`) is float32 softmax over the router's logits, the k highest (ties to the lower
-expert index, as a stable sort orders them), optionally rescaled to sum to one.
+Routing (`route`) is in float32: a softmax (or sigmoid) over the router's logits, the k highest
+(ties to the lower expert index, as a stable sort orders them), optionally rescaled to sum to
+one; or (Granite) the k highest logits, weighed by a softmax over those k.
 
 Dispatch has two forms, one result. Eagerly (`grouped`), a step sorts its (row, slot) pairs by
 expert and runs each chosen expert once on the rows that chose it: at one row, k GEMVs, and only
@@ -45,6 +46,7 @@ class ExpertWeights:
     shared_gate_up: Linear | None = None
     shared_down: Linear | None = None
     shared_gate: torch.Tensor | None = None  # [1, hidden]: its output times sigmoid(h @ this.T)
+    # (Granite's shared expert is its dense MLP, run beside the experts on every layer)
     bias: torch.Tensor | None = None  # [experts] float32: added to the scores to choose (LFM2-MoE)
 
 
@@ -71,11 +73,16 @@ def route(
     (int64), [rows, k] each, best first: scored by softmax or sigmoid, chosen by the scores
     plus `bias` (if any), weighted by the scores, rescaled and scaled as configured."""
     logits = logits.float()
-    scores = torch.softmax(logits, dim=-1) if experts.scoring == "softmax" else logits.sigmoid()
-    choosing = scores if bias is None else scores + bias
-    _, order = torch.sort(choosing, dim=-1, descending=True, stable=True)
-    chosen = order[:, : experts.experts_per_token]
-    weights = scores.gather(1, chosen)
+    if experts.scoring == "topk_softmax":  # the k highest logits, a softmax over them alone
+        _, order = torch.sort(logits, dim=-1, descending=True, stable=True)
+        chosen = order[:, : experts.experts_per_token]
+        weights = torch.softmax(logits.gather(1, chosen), dim=-1)
+    else:
+        scores = torch.softmax(logits, dim=-1) if experts.scoring == "softmax" else logits.sigmoid()
+        choosing = scores if bias is None else scores + bias
+        _, order = torch.sort(choosing, dim=-1, descending=True, stable=True)
+        chosen = order[:, : experts.experts_per_token]
+        weights = scores.gather(1, chosen)
     if experts.normalize:
         weights = weights / (weights.sum(dim=-1, keepdim=True) + experts.norm_eps)
     if experts.routed_scale != 1.0:

@@ -190,10 +190,11 @@ def assemble_weights(
             if config.experts.expert_bias:
                 experts = replace(experts, bias=take(f"{p}expert_bias", torch.float32))
             if config.experts.shared_size is not None:
-                s = f"{p}shared_expert."
+                s = p if config.experts.shared_is_mlp else f"{p}shared_expert."
+                parts = ["gate_up"] if config.fused_mlp else ["gate", "up"]
                 experts = replace(
                     experts,
-                    shared_gate_up=linear(f"{s}gate_proj.weight", f"{s}up_proj.weight"),
+                    shared_gate_up=linear(*(f"{s}{n}_proj.weight" for n in parts)),
                     shared_down=linear(f"{s}down_proj.weight"),
                     shared_gate=take(f"{p}shared_expert_gate.weight", small_dtype)
                     if config.experts.shared_gate
