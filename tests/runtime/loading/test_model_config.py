@@ -154,7 +154,7 @@ def test_invalid_values_name_field_and_value(changes: dict[str, Any], message: s
 @pytest.mark.parametrize(
     ("changes", "message"),
     [
-        ({"rope_parameters": {"rope_type": "yarn", "factor": 4.0}}, "rope_type='yarn'"),
+        ({"rope_parameters": {"rope_type": "dynamic", "factor": 4.0}}, "rope_type='dynamic'"),
         ({"hidden_act": "gelu"}, "hidden_act='gelu'"),
         ({"mlp_bias": True}, "mlp_bias=True"),
         ({"model_type": "phi4"}, "model_type 'phi4' is not supported"),
@@ -449,10 +449,35 @@ def test_granite_4_h_reads_its_mamba2_layers_and_multipliers() -> None:
     assert ModelConfig.from_hf(config_to_hf(config)) == config
 
 
+def test_granite_4_h_tiny_reads_its_experts_beside_the_mlp() -> None:
+    """Tiny's shape: 64 experts of 512, 6 a token, beside the 1024-wide dense MLP."""
+    tiny = {**GRANITE_4_H, "num_local_experts": 64, "num_experts_per_tok": 6,
+            "intermediate_size": 512, "shared_intermediate_size": 1024}  # fmt: skip
+    config = ModelConfig.from_hf(tiny)
+    experts = config.experts
+    assert experts is not None and experts.layers == tuple(range(40))
+    assert (experts.num_experts, experts.experts_per_token, experts.intermediate_size) == (
+        64,
+        6,
+        512,
+    )
+    assert (experts.scoring, experts.shared_size, experts.shared_is_mlp) == (
+        "topk_softmax",
+        1024,
+        True,
+    )
+    assert config.intermediate_size == 1024
+    assert ModelConfig.from_hf(config_to_hf(config)) == config
+
+
 @pytest.mark.parametrize(
     ("changes", "error", "message"),
     [
-        ({"num_local_experts": 62}, UnsupportedModelError, "num_local_experts=62: Granite 4.0-H"),
+        (
+            {"num_local_experts": 4, "num_experts_per_tok": 6},
+            ConfigError,
+            "num_experts_per_tok=6 exceeds num_experts=4",
+        ),
         ({"layer_types": ["mamba"] * 40}, UnsupportedModelError, "all 40 layers are Mamba2"),
         ({"mamba_n_groups": 3}, ConfigError, "mamba_n_groups=3 does not divide mamba_n_heads=64"),
         ({"mamba_d_head": 32}, ConfigError, "mamba_n_heads=64 x mamba_d_head=32 is not"),

@@ -26,7 +26,13 @@ from nanoserve.runtime.loading.gguf_recurrent import (
 from nanoserve.runtime.loading.gguf_types import GGML_TYPES
 from nanoserve.runtime.loading.layer_pattern import bidirectional_window
 from nanoserve.runtime.loading.model_config import Architecture, ModelConfig
-from nanoserve.runtime.loading.rope import FreqFactors, LinearRope, LongRope
+from nanoserve.runtime.loading.rope import (
+    FreqFactors,
+    LinearRope,
+    LongRope,
+    Yarn,
+    yarn_attention_factor,
+)
 from nanoserve.runtime.text.tokenizer import Tokenizer
 
 _GEMMA3_SLIDING_PATTERN = 6  # llama.cpp's: five sliding layers, then one global
@@ -84,9 +90,19 @@ def gguf_config(
     head_dim = int(key("attention.key_length", hidden_size // max(num_heads, 1)))
     rope_dim = int(key("rope.dimension_count", head_dim))
     scaling = key("rope.scaling.type", "none")
-    rope_scaling: LinearRope | FreqFactors | LongRope | None = stored_scaling
+    rope_scaling: LinearRope | FreqFactors | LongRope | Yarn | None = stored_scaling
     if scaling == "linear" and arch == "gemma3":  # the global layers of Gemma 3 4B and up
         rope_scaling = LinearRope(float(key("rope.scaling.factor")))
+    elif scaling == "yarn":  # bounds rounded out (ggml's rule), its scale times attn_factor
+        factor = float(key("rope.scaling.factor"))
+        rope_scaling = Yarn(
+            factor=factor,
+            original_max_position_embeddings=int(key("rope.scaling.original_context_length")),
+            attention_factor=float(key("rope.scaling.attn_factor", 1.0))
+            * yarn_attention_factor(factor),
+            beta_fast=float(key("rope.scaling.yarn_beta_fast", 32.0)),
+            beta_slow=float(key("rope.scaling.yarn_beta_slow", 1.0)),
+        )
     elif scaling not in ("none", "llama3"):  # llama3: the factors are the rope_freqs tensor
         raise UnsupportedModelError(path, f"{arch}.rope.scaling.type={scaling!r} is not supported")
     window = key("attention.sliding_window", None) if arch in ("gemma3", "phi3") else None

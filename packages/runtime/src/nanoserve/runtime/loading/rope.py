@@ -1,5 +1,5 @@
 """Rotary position embeddings as a config names them: the scalings (Llama 3's blend, linear,
-GGUF frequency factors, Phi-3's longrope), their parsing from and writing to `config.json`.
+GGUF frequency factors, Phi-3's longrope, YaRN), their parsing from and writing to `config.json`.
 The maths the forward makes of them is model/rotary.py."""
 
 from __future__ import annotations
@@ -67,7 +67,23 @@ class LongRope:
     attention_factor: float
 
 
-Scaling = RopeScaling | LinearRope | FreqFactors | LongRope
+@dataclass(frozen=True, slots=True)
+class Yarn:
+    """YaRN (gpt-oss, Qwen3's long contexts): each frequency a blend of itself (fast ones,
+    `beta_fast` rotations and more over the pretraining context) and itself over `factor` (slow
+    ones, `beta_slow` and fewer), linear in the dimension between; cos and sin times
+    `attention_factor` (0.1·ln(factor) + 1 unless the config gives it). `truncate`: the blend's
+    bounds rounded out to whole dimensions (transformers' default, and llama.cpp's rule)."""
+
+    factor: float
+    original_max_position_embeddings: int
+    attention_factor: float
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    truncate: bool = True
+
+
+Scaling = RopeScaling | LinearRope | FreqFactors | LongRope | Yarn
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,11 +137,13 @@ def parse_rope(arch: str, config_json: Mapping[str, Any], source: str) -> Rope:
             )
         elif rope_type == "longrope":
             scaling = _long_rope(params, config_json, source)
+        elif rope_type == "yarn":
+            scaling = _yarn(params, config_json, source)
         else:
             raise UnsupportedModelError(
                 source,
                 f"rope_type={rope_type!r} is not supported (supported: default, linear, llama3,"
-                " longrope)",
+                " longrope, yarn)",
             )
     except KeyError as missing:
         raise ConfigError(source, f"{rope_type} rope scaling lacks {missing.args[0]!r}") from None
@@ -148,6 +166,16 @@ def rope_to_hf(theta: float, s: Scaling | None) -> dict[str, Any]:
         }
     elif isinstance(s, LinearRope):
         rope |= {"rope_type": "linear", "factor": s.factor}
+    elif isinstance(s, Yarn):
+        rope |= {
+            "rope_type": "yarn",
+            "factor": s.factor,
+            "original_max_position_embeddings": s.original_max_position_embeddings,
+            "attention_factor": s.attention_factor,
+            "beta_fast": s.beta_fast,
+            "beta_slow": s.beta_slow,
+            "truncate": s.truncate,
+        }
     elif isinstance(s, LongRope):
         rope |= {
             "rope_type": "longrope",
@@ -160,6 +188,21 @@ def rope_to_hf(theta: float, s: Scaling | None) -> dict[str, Any]:
 
 
 def check_rope_scaling(s: Scaling, rope_dim: int, source: str) -> None:
+    if isinstance(s, Yarn):
+        for name in ("factor", "attention_factor", "beta_fast", "beta_slow"):
+            value = getattr(s, name)
+            if not math.isfinite(value) or value <= 0:
+                raise ConfigError(source, f"yarn {name}={value!r} must be positive")
+        if (
+            type(s.original_max_position_embeddings) is not int
+            or s.original_max_position_embeddings <= 0
+        ):
+            raise ConfigError(
+                source,
+                f"yarn original_max_position_embeddings={s.original_max_position_embeddings!r}"
+                " must be a positive integer",
+            )
+        return
     if isinstance(s, LinearRope):
         if not math.isfinite(s.factor) or s.factor <= 0:
             raise ConfigError(source, f"linear rope factor={s.factor!r} must be positive")
@@ -227,6 +270,44 @@ def _long_rope(params: Mapping[str, Any], config_json: Mapping[str, Any], source
         long_factor=factors("long_factor"),
         original_max_position_embeddings=original,
         attention_factor=number(attention, "attention_factor", source),
+    )
+
+
+def yarn_attention_factor(factor: float, mscale: float = 1.0) -> float:
+    """YaRN's cos/sin scale for a context stretched by `factor` (the paper's 0.1·ln(s) + 1)."""
+    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
+
+
+def _yarn(params: Mapping[str, Any], config_json: Mapping[str, Any], source: str) -> Yarn:
+    """transformers' yarn parameters: the factor (else the ratio of the two contexts), the
+    attention factor (else from the factor, or DeepSeek's `mscale` / `mscale_all_dim`)."""
+    original = params.get(
+        "original_max_position_embeddings", config_json.get("original_max_position_embeddings")
+    )
+    if type(original) is not int or original <= 0:
+        raise ConfigError(source, f"original_max_position_embeddings={original!r} (yarn)")
+    factor = params.get("factor")
+    if factor is None:
+        factor = config_json.get("max_position_embeddings", original) / original
+    factor = number(factor, "rope factor", source)
+    attention = params.get("attention_factor")
+    mscale, mscale_all = params.get("mscale"), params.get("mscale_all_dim")
+    if attention is None and mscale and mscale_all:
+        attention = yarn_attention_factor(factor, mscale) / yarn_attention_factor(
+            factor, mscale_all
+        )
+    elif attention is None:
+        attention = yarn_attention_factor(factor)
+    truncate = params.get("truncate", True)
+    if not isinstance(truncate, bool):
+        raise ConfigError(source, f"yarn truncate={truncate!r} must be a bool")
+    return Yarn(
+        factor=factor,
+        original_max_position_embeddings=original,
+        attention_factor=number(attention, "attention_factor", source),
+        beta_fast=number(params.get("beta_fast") or 32, "beta_fast", source),
+        beta_slow=number(params.get("beta_slow") or 1, "beta_slow", source),
+        truncate=truncate,
     )
 
 

@@ -8,7 +8,7 @@ import math
 import torch
 
 from nanoserve.runtime.loading.model_config import ModelConfig
-from nanoserve.runtime.loading.rope import FreqFactors, LinearRope, LongRope
+from nanoserve.runtime.loading.rope import FreqFactors, LinearRope, LongRope, Yarn
 
 
 def rope_inv_freq(
@@ -36,6 +36,8 @@ def rope_inv_freq(
         return inv_freq / s.factor
     if isinstance(s, FreqFactors):
         return inv_freq / torch.tensor(s.factors, dtype=torch.float32, device=device)
+    if isinstance(s, Yarn):
+        return yarn_inv_freq(s, theta**exponents, dim, float(theta))
     if isinstance(s, LongRope):
         served = positions or config.max_position_embeddings
         chosen = s.long_factor if served > s.original_max_position_embeddings else s.short_factor
@@ -55,10 +57,31 @@ def rope_inv_freq(
     return torch.where(is_medium, smoothed, scaled)
 
 
+def yarn_inv_freq(s: Yarn, pos_freqs: torch.Tensor, dim: int, theta: float) -> torch.Tensor:
+    """YaRN's blend of each frequency (extrapolated: itself) and itself over the factor
+    (interpolated), by a ramp over the dimensions between the two correction bounds."""
+
+    def bound(rotations: float) -> float:  # the dimension that turns `rotations` times
+        turns = s.original_max_position_embeddings / (rotations * 2 * math.pi)
+        return (dim * math.log(turns)) / (2 * math.log(theta))
+
+    low, high = bound(s.beta_fast), bound(s.beta_slow)
+    if s.truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001  # as transformers: no zero-width ramp
+    ramp = (torch.arange(dim // 2, dtype=torch.float32, device=pos_freqs.device) - low) / (
+        high - low
+    )
+    extrapolated = 1 - torch.clamp(ramp, 0, 1)
+    return (1.0 / (s.factor * pos_freqs)) * (1 - extrapolated) + (1.0 / pos_freqs) * extrapolated
+
+
 def rope_attention_factor(config: ModelConfig) -> float:
-    """What cos and sin are multiplied by: longrope's attention factor, else 1."""
+    """What cos and sin are multiplied by: longrope's or YaRN's attention factor, else 1."""
     s = config.rope_scaling
-    return s.attention_factor if isinstance(s, LongRope) else 1.0
+    return s.attention_factor if isinstance(s, LongRope | Yarn) else 1.0
 
 
 def rotary_table(
