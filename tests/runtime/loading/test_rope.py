@@ -96,7 +96,7 @@ def qwen3_yarn(**params: Any) -> dict[str, Any]:
             "beta_slow": 1.0,
             "truncate": False,
             "original_max_position_embeddings": 4096,
-        },  # fmt: skip
+        },
         {"factor": 4.0, "original_max_position_embeddings": 32768},  # Qwen3's, rounded
         # DeepSeek's mscale pair sets the attention factor
         {
@@ -104,7 +104,7 @@ def qwen3_yarn(**params: Any) -> dict[str, Any]:
             "mscale": 1.0,
             "mscale_all_dim": 0.707,
             "original_max_position_embeddings": 4096,
-        },  # fmt: skip
+        },
     ],
 )
 def test_yarn_is_transformers_bit_for_bit(params: dict[str, Any]) -> None:
