@@ -209,6 +209,30 @@ TINY_ARCH_OVERRIDES: dict[str, dict[str, Any]] = {
         "intermediate_size": 32,
         "pad_token_id": None,
     },
+    # gpt-oss: sliding (a window of 4) and full layers alternating, sinks, biases everywhere,
+    # YaRN over a pretraining context of 64, 4 biased experts of 32 (2 a token) whose clamped
+    # gate bites (N(0, 0.5²) weights give gates past 7). Its bounds rounded (`truncate`): a GGUF
+    # always is (ggml's rule), so the two files agree; the released config's unrounded YaRN is
+    # test_rope.py's
+    "gpt_oss": {
+        "num_hidden_layers": 4,
+        "head_dim": 16,
+        "num_local_experts": 4,
+        "num_experts_per_tok": 2,
+        "intermediate_size": 32,
+        "sliding_window": 4,
+        "layer_types": ["sliding_attention", "full_attention"] * 2,
+        "rope_parameters": {
+            "rope_type": "yarn",
+            "rope_theta": 150000.0,
+            "factor": 4.0,
+            "beta_fast": 32.0,
+            "beta_slow": 1.0,
+            "truncate": True,
+            "original_max_position_embeddings": 64,
+        },
+        "pad_token_id": None,
+    },
 }
 
 
@@ -289,6 +313,7 @@ def make_tiny_model_dir(
         "lfm2_moe": (transformers.Lfm2MoeConfig, transformers.Lfm2MoeForCausalLM),
         "qwen3_5_moe": (transformers.Qwen3_5MoeTextConfig, transformers.Qwen3_5MoeForCausalLM),
         "olmoe": (transformers.OlmoeConfig, transformers.OlmoeForCausalLM),
+        "gpt_oss": (transformers.GptOssConfig, transformers.GptOssForCausalLM),
     }[arch]
     geometry = {**_TINY_GEOMETRY, **TINY_ARCH_OVERRIDES.get(arch, {})}
     config = config_cls(**{**geometry, "tie_word_embeddings": tie, **overrides})
@@ -377,6 +402,7 @@ def write_tiny_gguf(
         "qwen3_5_moe_text": "qwen35moe",
         "lfm2_moe": "lfm2moe",
         "granitemoehybrid": "granitehybrid",
+        "gpt_oss": "gpt-oss",
     }.get(config["model_type"], config["model_type"])
     heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
     head_dim = config.get("head_dim") or config["hidden_size"] // heads
@@ -412,6 +438,17 @@ def write_tiny_gguf(
             writer.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
         if "shared_expert_intermediate_size" in config:
             writer.add_expert_shared_feed_forward_length(config["shared_expert_intermediate_size"])
+    gpt_oss = arch_name == "gpt-oss"
+    if gpt_oss:  # as llama.cpp's gpt-oss converter: the window, the experts' width, YaRN
+        writer.add_sliding_window(config["sliding_window"])
+        writer.add_expert_feed_forward_length(config["intermediate_size"])
+        writer.add_key_length(head_dim)
+        writer.add_value_length(head_dim)
+        rope = config["rope_parameters"]
+        writer.add_rope_freq_base(rope["rope_theta"])
+        writer.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        writer.add_rope_scaling_factor(rope["factor"])
+        writer.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
     if not lfm2 and not granite:
         writer.add_head_count_kv(kv_heads)
     if granite:  # as llama.cpp's Granite hybrid converter: Mamba2's sizes as ssm.*
@@ -491,7 +528,12 @@ def write_tiny_gguf(
             data, raw_type = raw_tensors.pop(gguf_name)
             writer.add_tensor(gguf_name, data, raw_dtype=raw_type)
         # norms, biases and the taps (a few to a row, no block) stay F32
-        elif values.ndim == 1 or qtype == gguf.GGMLQuantizationType.F32 or values.shape[-1] < 32:
+        elif (
+            values.ndim == 1
+            or gguf_name.endswith(".bias")
+            or qtype == gguf.GGMLQuantizationType.F32
+            or values.shape[-1] < 32
+        ):
             writer.add_tensor(gguf_name, values)
         else:
             writer.add_tensor(gguf_name, gguf.quants.quantize(values, qtype), raw_dtype=qtype)
@@ -499,6 +541,10 @@ def write_tiny_gguf(
     stacks: dict[str, dict[int, np.ndarray]] = {}  # llama.cpp's stacked experts, by GGUF name
     for name, tensor in load_file(model_dir / "model.safetensors").items():
         values = tensor.float().numpy()
+        if gpt_oss and (stored := _gpt_oss_gguf(name, values)) is not None:
+            for stored_name, stored_values in stored:
+                put(stored_name, stored_values)
+            continue
         if ".experts." in name:  # `model.layers.{i}.{mlp|feed_forward}.experts.{e}.{part}.weight`
             _, _, layer, _, _, expert, part, _ = name.split(".")
             stacks.setdefault(f"blk.{layer}.{_EXPERT_TO_GGUF[part]}.weight", {})[int(expert)] = (
@@ -580,6 +626,32 @@ def _llama3_rope_factors(rope: Mapping[str, Any], head_dim: int) -> np.ndarray:
             smooth = (old_context / wavelen - low) / (high - low)
             factors.append(1 / ((1 - smooth) / factor + smooth))
     return np.array(factors, dtype=np.float32)
+
+
+def _gpt_oss_gguf(name: str, values: np.ndarray) -> list[tuple[str, np.ndarray]] | None:
+    """What llama.cpp's gpt-oss converter stores for a tensor of transformers' (None: the
+    common names): the stacked experts transposed to [experts, out, in] with gate and up
+    de-interleaved, their biases likewise, the router as ffn_gate_inp, the sinks, the norm
+    before the MLP as post_attention_norm."""
+    blk = f"blk.{name.split('.')[2]}" if name.startswith("model.layers.") else ""
+    if ".mlp.experts.gate_up_proj_bias" in name:
+        return [(f"{blk}.ffn_gate_exps.bias", values[..., ::2]),
+                (f"{blk}.ffn_up_exps.bias", values[..., 1::2])]  # fmt: skip
+    if ".mlp.experts.gate_up_proj" in name:
+        turned = values.swapaxes(-1, -2)
+        return [(f"{blk}.ffn_gate_exps.weight", np.ascontiguousarray(turned[:, ::2])),
+                (f"{blk}.ffn_up_exps.weight", np.ascontiguousarray(turned[:, 1::2]))]  # fmt: skip
+    if ".mlp.experts.down_proj_bias" in name:
+        return [(f"{blk}.ffn_down_exps.bias", values)]
+    if ".mlp.experts.down_proj" in name:
+        return [(f"{blk}.ffn_down_exps.weight", np.ascontiguousarray(values.swapaxes(-1, -2)))]
+    if ".mlp.router." in name:
+        return [(f"{blk}.ffn_gate_inp.{name.rsplit('.', 1)[1]}", values)]
+    if name.endswith(".self_attn.sinks"):
+        return [(f"{blk}.attn_sinks.weight", values)]
+    if ".post_attention_layernorm." in name:
+        return [(f"{blk}.post_attention_norm.weight", values)]
+    return None
 
 
 def _granite_gguf_values(name: str, values: np.ndarray, config: Mapping[str, Any]) -> np.ndarray:

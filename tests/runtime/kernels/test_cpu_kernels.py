@@ -240,9 +240,15 @@ def test_bitmask_kernel_is_cores_masking(vocab: int) -> None:
 
 
 def windowed_reference(
-    q: torch.Tensor, kv: torch.Tensor, rect: torch.Tensor, lens: torch.Tensor, window: int
+    q: torch.Tensor,
+    kv: torch.Tensor,
+    rect: torch.Tensor,
+    lens: torch.Tensor,
+    window: int,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Float64 attention of each token over the last `window` of its context's slots."""
+    """Float64 attention of each token over the last `window` of its context's slots (with
+    `sinks`, each head's logit a column of the softmax that takes no value)."""
     heads, dim = 4, kv.shape[-1]
     out = torch.zeros(q.shape[0], heads * dim, dtype=torch.float64)
     for t, n in enumerate(lens.tolist()):
@@ -252,7 +258,10 @@ def windowed_reference(
         k, v = kv[0, slots].double(), kv[1, slots].double()  # [n, kv_heads, dim]
         for h in range(heads):
             qh = q[t, h * dim : (h + 1) * dim].double()
-            weights = torch.softmax((k[:, h // 2] @ qh) * 0.2, dim=0)
+            scores = (k[:, h // 2] @ qh) * 0.2
+            if sinks is not None:
+                scores = torch.cat((scores, sinks[h : h + 1].double()))
+            weights = torch.softmax(scores, dim=0)[: len(slots)]
             out[t, h * dim : (h + 1) * dim] = weights @ v[:, h // 2]
     return out
 
@@ -288,6 +297,40 @@ def test_a_sliding_window_sees_only_its_last_positions(
     check_window(runnable_isas, q, kv, rect, lens, window)
     unbounded = ops.paged_attention(q, kv, rect, None, lens, 0.2, 4)
     assert torch.equal(ops.paged_attention(q, kv, rect, None, lens, 0.2, 4, 8), unbounded)
+
+
+def test_attention_sinks_weigh_in_the_denominator_and_take_no_value(
+    runnable_isas: list[str],
+) -> None:
+    """gpt-oss's sinks, with and without a window: the same bits on every ISA, the float64
+    reference's values, core's torch attention's too; a sink of -inf is no sink."""
+    from nanoserve.core.attention import paged_decode_attention
+
+    kv, rect = pool_and_rect(torch.float32, seed=21)
+    q = torch.randn(3, 4 * 32, generator=torch.Generator().manual_seed(22))
+    lens = torch.tensor([8, 2, 6])
+    sinks = torch.tensor([0.5, -2.0, 3.0, 0.0])  # one far above the scores: most weight to none
+    for window in (0, 3):
+
+        def attend(w: int = window) -> torch.Tensor:
+            return ops.paged_attention(q, kv, rect, None, lens, 0.2, 4, w, [], sinks)
+
+        results = on_every_isa(runnable_isas, attend)
+        assert_same_bits(results)
+        got = results["portable"]
+        assert isinstance(got, torch.Tensor)
+        want = windowed_reference(q, kv, rect, lens, window or 8, sinks)
+        assert torch.allclose(got.double(), want, rtol=0, atol=2e-6)
+        k_pool, v_pool = kv[0], kv[1]
+        core = paged_decode_attention(
+            q.view(3, 4, 32), k_pool, v_pool, rect, lens, 0.2, torch.float32, window or None, sinks
+        )
+        assert torch.allclose(core.reshape(3, -1).double(), want, rtol=0, atol=2e-6)
+    none = torch.full((4,), float("-inf"))
+    plain = ops.paged_attention(q, kv, rect, None, lens, 0.2, 4)
+    assert torch.equal(ops.paged_attention(q, kv, rect, None, lens, 0.2, 4, 0, [], none), plain)
+    with pytest.raises(RuntimeError, match=r"sinks must be float32 \[4\]"):
+        ops.paged_attention(q, kv, rect, None, lens, 0.2, 4, 0, [], sinks[:2])
 
 
 def test_geglu_and_head_norms_agree_with_torch_on_every_isa(runnable_isas: list[str]) -> None:

@@ -68,8 +68,8 @@ def test_written_back_as_the_stacks_in_the_order_of_their_shapes() -> None:
             values.append((name, torch.full(shape, float(10 * e + len(part)))))
     shapes["model.layers.0.mlp.down_proj.weight"] = (5, 3)
     values.append(("model.layers.0.mlp.down_proj.weight", torch.ones(5, 3)))
-    out_shapes = stacked_shapes(shapes)
-    written = list(stacked_values(values, shapes))
+    out_shapes = stacked_shapes("granitemoehybrid", shapes)
+    written = list(stacked_values("granitemoehybrid", values, shapes))
     assert [name for name, _ in written] == list(out_shapes)
     assert [tuple(v.shape) for _, v in written] == list(out_shapes.values())
     gate_up = dict(written)["model.layers.0.block_sparse_moe.input_linear.weight"]

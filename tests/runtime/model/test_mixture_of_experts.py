@@ -19,7 +19,7 @@ from nanoserve.runtime.model.llama import LlamaModel
 from tests.runtime.hybrid_engine import PROMPT, engine_of, greedy, transformers_greedy
 from tests.runtime.paged_logits import paged_logits, rel_error
 
-FAMILIES = ["qwen3_moe", "olmoe", "qwen3_5_moe", "lfm2_moe", "granite_moe"]
+FAMILIES = ["qwen3_moe", "olmoe", "qwen3_5_moe", "lfm2_moe", "granite_moe", "gpt_oss"]
 
 
 @pytest.fixture(scope="module", params=FAMILIES)
@@ -43,21 +43,28 @@ def test_the_configs_route_as_their_families(moe_dir: Path) -> None:
     experts = config.experts
     arch = config.architecture
     olmoe, qwen3_5, lfm2 = arch == "olmoe", arch == "qwen3_5", arch == "lfm2"
-    granite = arch == "granitemoehybrid"
+    granite, gpt_oss = arch == "granitemoehybrid", arch == "gpt_oss"
     assert experts is not None and experts.layers == tuple(range(lfm2, config.num_layers))
     assert (experts.num_experts, experts.experts_per_token, experts.intermediate_size) == (4, 2, 32)
     # the others rescale the chosen weights; OLMoE not, Granite's softmax over the k needs not
-    assert experts.normalize is not (olmoe or granite)
-    assert (config.qk_norm, config.projection_qk_norm) == (not olmoe and not granite, olmoe)
+    assert experts.normalize is not (olmoe or granite or gpt_oss)
+    qk_norm = not (olmoe or granite or gpt_oss)
+    assert (config.qk_norm, config.projection_qk_norm) == (qk_norm, olmoe)
     assert (experts.shared_size, experts.shared_gate, experts.shared_is_mlp) == (
         (64, True, False) if qwen3_5 else (64, False, True) if granite else (None, False, False)
     )
     assert config.recurrent_layers == ((0, 2, 3) if qwen3_5 or lfm2 or granite else ())
     # LFM2-MoE: sigmoid scores, chosen with a bias, the rescaled sum under 1e-6; Granite: the
     # k highest logits, a softmax over them
-    scoring = "sigmoid" if lfm2 else "topk_softmax" if granite else "softmax"
+    scoring = "sigmoid" if lfm2 else "topk_softmax" if granite or gpt_oss else "softmax"
     assert (experts.scoring, experts.expert_bias) == (scoring, lfm2)
     assert experts.norm_eps == (1e-6 if lfm2 else 0.0)
+    # gpt-oss: a biased router and experts, the clamped gate; sinks, an output bias, and
+    # sliding (a window of 4) and full layers alternating
+    assert (experts.router_bias, experts.linear_biases) == (gpt_oss, gpt_oss)
+    assert (experts.clamp, experts.alpha) == ((7.0, 1.702) if gpt_oss else (None, 1.0))
+    assert (config.attention_sinks, config.output_bias) == (gpt_oss, gpt_oss)
+    assert config.sliding_layers == ((0, 2) if gpt_oss else ())
 
 
 def test_greedy_tokens_are_transformers_and_survive_a_prefix_hit(

@@ -32,9 +32,11 @@ def paged_decode_attention(
     scale: float,
     accum_dtype: torch.dtype = torch.float32,
     window: int | None = None,
+    sinks: torch.Tensor | None = None,  # [heads]
 ) -> torch.Tensor:  # [rows, heads, head_dim]
     """One query per row over that row's first context_lens[row] slots (the last `window` of
-    them, with a sliding window); a row of 0 gives zeros."""
+    them, with a sliding window); a row of 0 gives zeros. `sinks`: a logit per head in the
+    softmax's denominator (`_softmax`)."""
     rows, num_heads, head_dim = q.shape
     num_kv_heads = k_pool.shape[1]
     group = _check_heads(num_heads, num_kv_heads)
@@ -59,12 +61,25 @@ def paged_decode_attention(
     scores = scores.to(_stats_dtype(accum_dtype)).mul_(scale)
     scores.masked_fill_(~visible[:, None, None, :], float("-inf"))
     # A fully masked row (padding) softmaxes to NaN; it is zeroed below.
-    weights = torch.softmax(scores, dim=-1).to(accum_dtype)
+    weights = _softmax(scores, sinks, (num_kv_heads, group, 1)).to(accum_dtype)
     out = torch.bmm(weights.view(rows * num_kv_heads, group, width), v)
     out = out.view(rows, num_heads, head_dim)
     # A Python scalar, not a host tensor: on CUDA a 0-dim host operand is a synchronising copy,
     # which a graph capture refuses.
     return out.masked_fill_((context_lens == 0)[:, None, None], 0.0)
+
+
+def _softmax(
+    scores: torch.Tensor, sinks: torch.Tensor | None, sink_shape: tuple[int, ...]
+) -> torch.Tensor:
+    """Softmax over the last dim of scores; with sinks [heads] (seen as `sink_shape`, which
+    broadcasts against scores), each head's sink logit joins the denominator as a column of its
+    own that is then dropped (transformers' gpt-oss: the same ops)."""
+    if sinks is None:
+        return torch.softmax(scores, dim=-1)
+    column = sinks.to(scores.dtype).view(sink_shape)
+    combined = torch.cat((scores, column.expand(*scores.shape[:-1], 1)), dim=-1)
+    return torch.softmax(combined, dim=-1)[..., :-1]
 
 
 def _stats_dtype(accum_dtype: torch.dtype) -> torch.dtype:
@@ -95,9 +110,10 @@ def paged_prefill_attention(
     scale: float,
     accum_dtype: torch.dtype = torch.float32,
     window: int | None = None,
+    sinks: torch.Tensor | None = None,  # [heads]
 ) -> torch.Tensor:  # [tokens, heads, head_dim]
     """Causal attention of each chunk's queries over its sequence's prefix and itself (the
-    last `window` positions of it, with a sliding window)."""
+    last `window` positions of it, with a sliding window; `sinks` as in the decode's)."""
     num_tokens, num_heads, head_dim = q.shape
     num_kv_heads = k_pool.shape[1]
     group = _check_heads(num_heads, num_kv_heads)
@@ -134,7 +150,7 @@ def paged_prefill_attention(
         if window is not None:
             visible &= keys > query_pos[:, None] - window
         scores.masked_fill_(~visible, float("-inf"))
-        weights = torch.softmax(scores, dim=-1).to(accum_dtype)
+        weights = _softmax(scores, sinks, (num_kv_heads, group, 1, 1)).to(accum_dtype)
         weights = weights.view(num_kv_heads, group * num_new, context_len)
         chunk_out = torch.bmm(weights, v).view(num_kv_heads, group, num_new, head_dim)
         chunk_out = chunk_out.permute(2, 0, 1, 3)  # [new, kv_heads, group, dim]
@@ -145,6 +161,6 @@ def paged_prefill_attention(
         tokens = torch.tensor([query_starts[c] for c in singles], device=q.device)
         lens = torch.tensor([context_lens[c] for c in singles], device=q.device)
         out[tokens] = paged_decode_attention(
-            q[tokens], k_pool, v_pool, slot_rect[index], lens, scale, accum_dtype, window
+            q[tokens], k_pool, v_pool, slot_rect[index], lens, scale, accum_dtype, window, sinks
         )
     return out

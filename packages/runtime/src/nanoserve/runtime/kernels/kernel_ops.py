@@ -80,13 +80,14 @@ def paged_attention(
     heads: int,
     window: int = 0,
     kv_types: Sequence[int] = (),
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Each token's attention over its first context_lens slots of its rectangle row
     (rect_rows picks the row of a prompt token; None: token i reads row i). window > 0: only
     the last `window` of them, itself included (a sliding-window layer). kv_types: as
-    rope_write_kv's."""
+    rope_write_kv's. sinks: float32 [heads], a logit per head in the softmax's denominator."""
     return _ops.paged_attention(
-        q, kv, rect, rect_rows, context_lens, scale, heads, window, list(kv_types)
+        q, kv, rect, rect_rows, context_lens, scale, heads, window, list(kv_types), sinks
     )
 
 

@@ -18,6 +18,7 @@ Architecture = Literal[
     "granitemoehybrid",
     "qwen3_moe",
     "olmoe",
+    "gpt_oss",
     "bert",
     "nomic_bert",
 ]

@@ -218,6 +218,10 @@ def expected_tensor_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
             shapes[f"{attn}.v_proj.bias"] = (config.kv_size,)
         if attends:
             shapes[f"{attn}.o_proj.weight"] = (hidden, config.q_size)
+        if attends and config.output_bias:
+            shapes[f"{attn}.o_proj.bias"] = (hidden,)
+        if attends and config.attention_sinks:
+            shapes[f"{attn}.sinks"] = (config.num_heads,)
         if config.experts is not None and i in config.experts.layers:  # the router, experts
             shapes.update(config.experts.expert_shapes(mlp, hidden, config.fused_mlp))
         elif config.fused_mlp:

@@ -33,6 +33,7 @@ DEFAULT_MAX_POSITIONS: dict[str, int] = {
     "granitemoehybrid": 2048,
     "qwen3_moe": 32768,
     "olmoe": 4096,
+    "gpt_oss": 131072,
 }
 DEFAULT_RMS_NORM_EPS = 1e-6
 

@@ -58,9 +58,9 @@ def convert_gguf(gguf_path: str | os.PathLike[str], out_dir: str | os.PathLike[s
     shapes, values = checkpoint.tensor_shapes(), _hf_values(checkpoint)
     if fuse:
         shapes, values = _fused_mlp_shapes(shapes), _fused_mlp_values(values)
-    if arch == "granitemoehybrid" and model.experts is not None:  # its experts as two stacks
-        values = stacked_values(values, shapes)
-        shapes = stacked_shapes(shapes)
+    if arch in ("granitemoehybrid", "gpt_oss") and model.experts is not None:  # as stacks
+        values = stacked_values(arch, values, shapes)
+        shapes = stacked_shapes(arch, shapes)
     shapes = {family_name(arch, name): shape for name, shape in shapes.items()}
     named = ((family_name(arch, name), value) for name, value in values)  # LFM2's own names
     _write_safetensors(out / "model.safetensors", shapes, named)

@@ -55,6 +55,12 @@ class ExpertLayers:
     routed_scale: float = 1.0  # the k weights times this
     # the shared expert is the layer's dense MLP, under its names (Granite's `shared_mlp`)
     shared_is_mlp: bool = False
+    router_bias: bool = False  # the router's logits have a bias (gpt-oss)
+    linear_biases: bool = False  # each expert's projections have biases (gpt-oss)
+    # gpt-oss's gate: gate clamped to <= clamp, up to [-clamp, clamp], then
+    # (up + 1) * gate * sigmoid(alpha * gate); None: the model's SwiGLU
+    clamp: float | None = None
+    alpha: float = 1.0
 
     def check(self, num_layers: int, source: str) -> None:
         for name in ("num_experts", "experts_per_token", "intermediate_size"):
@@ -74,11 +80,13 @@ class ExpertLayers:
             raise ConfigError(source, f"experts: shared_size={shared!r} must be a positive integer")
         if self.shared_gate and shared is None:
             raise ConfigError(source, "experts: a shared expert gate without a shared expert")
-        for name in ("norm_eps", "routed_scale"):
+        for name in ("norm_eps", "routed_scale", "alpha"):
             if not isinstance(getattr(self, name), float):
                 raise ConfigError(
                     source, f"experts: {name}={getattr(self, name)!r} must be a float"
                 )
+        if self.clamp is not None and (not isinstance(self.clamp, float) or self.clamp <= 0):
+            raise ConfigError(source, f"experts: swiglu_limit={self.clamp!r} must be positive")
         if self.scoring not in SCORINGS:
             raise UnsupportedModelError(source, f"expert scoring {self.scoring!r}")
         if any(type(i) is not int or not 0 <= i < num_layers for i in self.layers):
@@ -94,10 +102,16 @@ class ExpertLayers:
         where it is the layer's MLP)."""
         inter = self.intermediate_size
         shapes: dict[str, tuple[int, ...]] = {f"{prefix}.gate.weight": (self.num_experts, hidden)}
+        if self.router_bias:
+            shapes[f"{prefix}.gate.bias"] = (self.num_experts,)
         for e in range(self.num_experts):
             shapes[f"{prefix}.experts.{e}.gate_proj.weight"] = (inter, hidden)
             shapes[f"{prefix}.experts.{e}.up_proj.weight"] = (inter, hidden)
             shapes[f"{prefix}.experts.{e}.down_proj.weight"] = (hidden, inter)
+            if self.linear_biases:
+                shapes[f"{prefix}.experts.{e}.gate_proj.bias"] = (inter,)
+                shapes[f"{prefix}.experts.{e}.up_proj.bias"] = (inter,)
+                shapes[f"{prefix}.experts.{e}.down_proj.bias"] = (hidden,)
         if self.shared_size is not None:
             shared = self.shared_size
             s = prefix if self.shared_is_mlp else f"{prefix}.shared_expert"
@@ -145,6 +159,20 @@ def hf_experts(arch: str, config_json: Mapping[str, Any], num_layers: int) -> Ex
             expert_bias=bool(config_json.get("use_expert_bias", True)),
             norm_eps=1e-6,
             routed_scale=float(scale) if isinstance(scale, int | float) else scale,
+        )
+    if arch == "gpt_oss":  # every layer: top k of biased logits, biased experts, clamped gate
+        limit, alpha = config_json.get("swiglu_limit", 7.0), config_json.get("swiglu_alpha", 1.702)
+        return ExpertLayers(
+            layers=tuple(range(num_layers)),
+            num_experts=experts,
+            experts_per_token=config_json.get("num_experts_per_tok"),  # type: ignore[arg-type]
+            intermediate_size=config_json.get("intermediate_size"),  # type: ignore[arg-type]
+            normalize=False,
+            scoring="topk_softmax",
+            router_bias=True,
+            linear_biases=True,
+            clamp=float(limit) if isinstance(limit, int | float) else limit,
+            alpha=float(alpha) if isinstance(alpha, int | float) else alpha,
         )
     if arch == "granitemoehybrid":  # every layer routes, beside its dense MLP
         experts = config_json.get("num_local_experts", 8)  # transformers' defaults: 8, top 2
@@ -197,11 +225,17 @@ def experts_to_hf(arch: str, experts: ExpertLayers, num_layers: int) -> dict[str
     if arch == "qwen3_5":
         out["moe_intermediate_size"] = experts.intermediate_size
         out["shared_expert_intermediate_size"] = experts.shared_size
+    if arch == "gpt_oss":
+        del out["num_experts"]
+        out["num_local_experts"] = experts.num_experts
+        out["intermediate_size"] = experts.intermediate_size
+        out["swiglu_limit"] = experts.clamp
+        out["swiglu_alpha"] = experts.alpha
     if arch == "granitemoehybrid":  # the MLP's width is `shared_intermediate_size` already
         del out["num_experts"]
         out["num_local_experts"] = experts.num_experts
         out["intermediate_size"] = experts.intermediate_size
-    if arch in ("qwen3_5", "granitemoehybrid"):
+    if arch in ("qwen3_5", "granitemoehybrid", "gpt_oss"):
         del out["norm_topk_prob"]
     return out
 
@@ -227,6 +261,7 @@ GGUF_NORMALIZE = {"qwen3_moe": True, "olmoe": False, "qwen3_5": True, "lfm2": Tr
 # the same numbers)
 GGUF_SHARED_IS_MLP = {"ffn_gate_shexp": "mlp.gate_proj", "ffn_up_shexp": "mlp.up_proj",
                       "ffn_down_shexp": "mlp.down_proj"}  # fmt: skip
+GPT_OSS_SWIGLU = (7.0, 1.702)  # gpt-oss's clamp and alpha
 GGUF_SIGMOID = 2  # llama.cpp's `expert_gating_func` for sigmoid scores (1: softmax)
 GGUF_EXPERT_BIAS = "exp_probs_b.bias"  # the choosing bias, after `blk.N.`
 
@@ -243,18 +278,24 @@ def gguf_experts(
     shared = key("expert_shared_feed_forward_length", None)
     first = int(key("leading_dense_block_count", 0))
     sigmoid = key("expert_gating_func", 1) == GGUF_SIGMOID
-    granite = arch == "granitemoehybrid"
+    granite, gpt_oss = arch == "granitemoehybrid", arch == "gpt_oss"
     return ExpertLayers(
         layers=tuple(range(first, num_layers)),
         num_experts=int(count),
         experts_per_token=int(key("expert_used_count")),
         intermediate_size=int(width),
-        normalize=not granite and bool(key("expert_weights_norm", GGUF_NORMALIZE.get(arch, False))),
+        normalize=not (granite or gpt_oss)
+        and bool(key("expert_weights_norm", GGUF_NORMALIZE.get(arch, False))),
         shared_size=int(shared) if shared else None,
         shared_gate=f"blk.{first}.ffn_gate_inp_shexp.weight" in names,
-        scoring="sigmoid" if sigmoid else "topk_softmax" if granite else "softmax",
+        scoring="sigmoid" if sigmoid else "topk_softmax" if granite or gpt_oss else "softmax",
         expert_bias=f"blk.{first}.{GGUF_EXPERT_BIAS}" in names,
         norm_eps=1e-6 if arch == "lfm2" else 0.0,
         routed_scale=float(key("expert_weights_scale", 1.0)),
         shared_is_mlp=granite,
+        router_bias=f"blk.{first}.{GGUF_ROUTER}.bias" in names,
+        linear_biases=f"blk.{first}.ffn_gate_exps.bias" in names,
+        # llama.cpp's gpt-oss graph fixes these (its swiglu_oai), the file does not hold them
+        clamp=GPT_OSS_SWIGLU[0] if gpt_oss else None,
+        alpha=GPT_OSS_SWIGLU[1] if gpt_oss else 1.0,
     )

@@ -105,10 +105,11 @@ def gguf_config(
         )
     elif scaling not in ("none", "llama3"):  # llama3: the factors are the rope_freqs tensor
         raise UnsupportedModelError(path, f"{arch}.rope.scaling.type={scaling!r} is not supported")
-    window = key("attention.sliding_window", None) if arch in ("gemma3", "phi3") else None
+    windowed = ("gemma3", "phi3", "gpt_oss")
+    window = key("attention.sliding_window", None) if arch in windowed else None
     if window is not None and (not window or window >= int(key("context_length"))):
         window = None  # a window no narrower than the context is none
-    gemma = arch == "gemma3"
+    gemma, gpt_oss = arch == "gemma3", arch == "gpt_oss"
     bidirectional = stored_arch == "gemma-embedding"  # EmbeddingGemma
     if bidirectional and window is not None:
         window = bidirectional_window(int(window))
@@ -153,18 +154,16 @@ def gguf_config(
             else None,
             no_rope_layers=_no_rope_layers(arch, num_layers, key),
             sliding_window=None if window is None else int(window),
-            sliding_layers=tuple(
-                i for i in range(num_layers) if not gemma or (i + 1) % _GEMMA3_SLIDING_PATTERN
-            )
-            if window is not None
-            else (),
+            sliding_layers=_sliding_layers(arch, num_layers) if window is not None else (),
             sliding_rope_theta=_GEMMA3_LOCAL_ROPE_THETA if gemma else None,
             short_conv=short_conv,
             delta_net=delta_net,
             attn_output_gate=qwen3_5,
+            attention_sinks=gpt_oss,
+            output_bias="blk.0.attn_output.bias" in gguf_names,
             mamba=mamba,
             experts=gguf_experts(arch, key, num_layers, gguf_names)
-            if arch in ("qwen3_moe", "olmoe", "qwen3_5", "lfm2", "granitemoehybrid")
+            if arch in ("qwen3_moe", "olmoe", "qwen3_5", "lfm2", "granitemoehybrid", "gpt_oss")
             else None,
             residual_multiplier=float(key("residual_scale", 1.0)) if granite else 1.0,
             logits_scaling=float(key("logit_scale", 1.0)) if granite else 1.0,
@@ -173,6 +172,16 @@ def gguf_config(
         )
     except ConfigError as error:  # re-raised naming the file rather than the class
         raise ConfigError(path, error.problem) from None
+
+
+def _sliding_layers(arch: str, num_layers: int) -> tuple[int, ...]:
+    """The layers a GGUF's window applies to, as llama.cpp's loader fixes them: Gemma 3's five in
+    six, gpt-oss's even layers (sliding, then full), every layer elsewhere."""
+    if arch == "gemma3":
+        return tuple(i for i in range(num_layers) if (i + 1) % _GEMMA3_SLIDING_PATTERN)
+    if arch == "gpt_oss":
+        return tuple(range(0, num_layers, 2))
+    return tuple(range(num_layers))
 
 
 def _no_rope_layers(arch: str, num_layers: int, key: Any) -> tuple[int, ...]:

@@ -90,6 +90,7 @@ _ARCHITECTURES: dict[str, Architecture] = {
     "granitehybrid": "granitemoehybrid",
     "qwen3moe": "qwen3_moe",
     "olmoe": "olmoe",
+    "gpt-oss": "gpt_oss",
     "bert": "bert",
     "nomic-bert": "nomic_bert",
 }
@@ -133,11 +134,13 @@ _LAYER_NAMES_BY_ARCH = {
     "lfm2": _LAYER_NAMES | LFM2_LAYER_NAMES,
     "qwen3_5": _LAYER_NAMES | QWEN35_LAYER_NAMES,
     "granitemoehybrid": _LAYER_NAMES | GRANITE_LAYER_NAMES | GGUF_SHARED_IS_MLP,
+    "gpt_oss": _LAYER_NAMES | {"post_attention_norm": "post_attention_layernorm"},
 }
 _WHOLE_NAMES_BY_ARCH = {
     "qwen3_5": QWEN35_WHOLE_NAMES,
     "granitemoehybrid": GRANITE_WHOLE_NAMES,
     "lfm2": {GGUF_EXPERT_BIAS: "mlp.expert_bias"},  # LFM2-MoE's choosing bias
+    "gpt_oss": {"attn_sinks.weight": "self_attn.sinks"},
 }
 _ROPE_TENSORS = frozenset(
     {"rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight"}
@@ -196,7 +199,7 @@ class GgufFile:
                 skipped[MTP] = skipped.get(MTP, 0) + 1  # a multi-token-prediction block
                 continue
             if (part := _LAYER_TENSOR.fullmatch(tensor.name)) and part[2] in GGUF_EXPERT_PARTS:
-                tensors.update(_experts(tensor, part[1], GGUF_EXPERT_PARTS[part[2]]))
+                tensors.update(_experts(tensor, part[1], GGUF_EXPERT_PARTS[part[2]], part[3]))
                 continue
             name = hf_tensor_name(tensor.name, arch)
             if name is None:
@@ -275,18 +278,19 @@ class GgufFile:
         return None if order is None or torch.equal(order, torch.arange(rows)) else order
 
 
-def _experts(stacked: TensorInfo, layer: str, part: str) -> dict[str, TensorInfo]:
-    """A stacked expert tensor ([experts, rows, cols]) as one tensor per expert, each a slice
-    of the file's bytes, by Hugging Face name."""
-    experts = stacked.dims[2] if len(stacked.dims) == 3 else 0
+def _experts(stacked: TensorInfo, layer: str, part: str, kind: str) -> dict[str, TensorInfo]:
+    """A stacked expert tensor ([experts, rows, cols]; a bias: [experts, rows]) as one tensor
+    per expert, each a slice of the file's bytes, by Hugging Face name."""
+    stacked_dims = 3 if kind == "weight" else 2
+    experts = stacked.dims[-1] if len(stacked.dims) == stacked_dims else 0
     if not experts or stacked.num_bytes % experts:
         raise WeightsError("gguf", f"tensor {stacked.name!r} of {stacked.dims} is not stacked")
     size = stacked.num_bytes // experts
     return {
-        f"model.layers.{layer}.mlp.experts.{e}.{part}.weight": TensorInfo(
+        f"model.layers.{layer}.mlp.experts.{e}.{part}.{kind}": TensorInfo(
             f"{stacked.name}[{e}]",
             stacked.type_id,
-            stacked.dims[:2],
+            stacked.dims[:-1],
             stacked.offset + e * size,
             size,
         )

@@ -26,6 +26,7 @@ HF_CLASS_NAMES: dict[Architecture, str] = {
     "granitemoehybrid": "GraniteMoeHybridForCausalLM",
     "qwen3_moe": "Qwen3MoeForCausalLM",
     "olmoe": "OlmoeForCausalLM",
+    "gpt_oss": "GptOssForCausalLM",
     "bert": "BertModel",
     "nomic_bert": "NomicBertModel",
 }

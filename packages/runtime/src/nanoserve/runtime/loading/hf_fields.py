@@ -63,7 +63,8 @@ def hf_model_fields(
         )
     arch = HF_MODEL_TYPES[model_type]
     lfm2, qwen3_5, granite = arch == "lfm2", arch == "qwen3_5", arch == "granitemoehybrid"
-    moe = arch in ("qwen3_moe", "olmoe", "qwen3_5", "lfm2", "granitemoehybrid")
+    moe = arch in ("qwen3_moe", "olmoe", "qwen3_5", "lfm2", "granitemoehybrid", "gpt_oss")
+    gpt_oss = arch == "gpt_oss"
     check_unbuilt_fields(arch, config_json, source)
     defaults = {
         "max_position_embeddings": DEFAULT_MAX_POSITIONS[arch],
@@ -123,7 +124,7 @@ def hf_model_fields(
         tie_word_embeddings=bool(
             config_json.get("tie_word_embeddings", config_json.get("tie_embedding", gemma))
         ),
-        attention_bias=arch == "qwen2" or bool(config_json.get("attention_bias", False)),
+        attention_bias=arch == "qwen2" or bool(config_json.get("attention_bias", gpt_oss)),
         max_position_embeddings=field("max_position_embeddings"),
         eos_token_ids=token_ids(eos, "eos_token_id", source),
         bos_token_id=bos,
@@ -149,6 +150,8 @@ def hf_model_fields(
         short_conv=lfm2_short_conv(config_json, kinds) if lfm2 else None,
         delta_net=qwen3_5_delta_net(config_json, kinds) if qwen3_5 else None,
         attn_output_gate=qwen3_5,
+        attention_sinks=gpt_oss,
+        output_bias=gpt_oss and bool(config_json.get("attention_bias", True)),
         fused_mlp=arch in ("phi3", "granitemoehybrid"),
         mamba=granite_mamba(config_json, kinds, source) if granite else None,
         experts=hf_experts(arch, config_json, num_layers) if moe else None,

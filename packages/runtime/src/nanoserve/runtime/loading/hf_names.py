@@ -43,6 +43,7 @@ GRANITE_NAMES: tuple[tuple[str, str], ...] = (
 RENAMES: dict[str, tuple[tuple[str, str], ...]] = {
     "lfm2": LFM2_NAMES,
     "granitemoehybrid": GRANITE_NAMES,
+    "gpt_oss": ((".mlp.router.", ".mlp.gate."),),  # its experts are stacked: hf_stacked.py
 }
 PREFIXES: dict[str, tuple[tuple[str, str], ...]] = {
     "qwen3_5": (("model.language_model.", "model."),)

@@ -1,12 +1,13 @@
 """The shape of a model, and the rotary frequencies it implies.
 
 One frozen `ModelConfig` describes every architecture nanoserve runs (Llama, Qwen2, Qwen3,
-Mistral, Gemma 3, SmolLM3, Phi-3, LFM2, Qwen3.5, Granite 4.0-H, Qwen3-MoE, OLMoE): they differ
-only in the fields here, each a delta on the Llama forward (per-head q/k norms, sandwich norms, GeGLU, sliding-window
+Mistral, Gemma 3, SmolLM3, Phi-3, LFM2, Qwen3.5, Granite 4.0-H, Qwen3-MoE, OLMoE, gpt-oss): they
+differ only in the fields here, each a delta on the Llama forward (per-head q/k norms, sandwich
+norms, GeGLU, attention sinks and an output bias, sliding-window
 layers, layers without rotary, scaled or partial rotary, a gate on attention's output, scaled
 residual branches and logits, and a hybrid's recurrent layers: LFM2's short convolutions,
 Qwen3.5's gated DeltaNet, Granite's Mamba2; recurrent_layers.py), a mixture of experts in place
-of the MLP (Qwen3-MoE, OLMoE; expert_layers.py), and attention both ways over
+of the MLP (Qwen3-MoE, OLMoE, gpt-oss...; expert_layers.py), and attention both ways over
 whole inputs (EmbeddingGemma; the BERT family's encoder, encoder_layers.py). It is built from a
 Hugging Face `config.json` (`from_hf`) or from GGUF metadata (`gguf_file.py`), and validated on
 construction, so a config that exists is usable.
@@ -77,6 +78,10 @@ class ModelConfig:
     mamba: Mamba2Layers | None = None  # Granite 4.0-H's Mamba2, in place of attention
     experts: ExpertLayers | None = None  # a mixture of experts, in place of the MLP on its layers
     attn_output_gate: bool = False  # attention's output times sigmoid of a second query half
+    # A learned logit per head in attention's softmax denominator (gpt-oss's `sinks`): each
+    # weight is exp(s_i) / (sum_j exp(s_j) + exp(sink)), and the sink takes no value.
+    attention_sinks: bool = False
+    output_bias: bool = False  # attention's output projection has a bias (gpt-oss)
     residual_multiplier: float = 1.0  # each layer's mixer and MLP outputs times this (Granite)
     logits_scaling: float = 1.0  # the logits divided by this (Granite)
     fused_mlp: bool = False  # the checkpoint stores gate and up as one `gate_up_proj` (Phi-3;
@@ -238,8 +243,9 @@ class ModelConfig:
             self.encoder.check(source)
         if self.experts is not None:
             self.experts.check(self.num_layers, source)
-        if not isinstance(self.attn_output_gate, bool):
-            raise ConfigError(source, f"attn_output_gate={self.attn_output_gate!r} must be a bool")
+        for name in ("attn_output_gate", "attention_sinks", "output_bias"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(source, f"{name}={getattr(self, name)!r} must be a bool")
 
     @classmethod
     def from_hf(

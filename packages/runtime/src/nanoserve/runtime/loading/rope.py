@@ -24,6 +24,7 @@ DEFAULT_ROPE_THETA: dict[str, float] = {
     "granitemoehybrid": 10000.0,
     "qwen3_moe": 10000.0,
     "olmoe": 10000.0,
+    "gpt_oss": 150000.0,
 }
 _GEMMA3_LOCAL_ROPE_THETA = 10000.0
 GEMMA3_LOCAL_ROPE_THETA = 10000.0

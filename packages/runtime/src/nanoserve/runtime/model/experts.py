@@ -48,6 +48,9 @@ class ExpertWeights:
     shared_gate: torch.Tensor | None = None  # [1, hidden]: its output times sigmoid(h @ this.T)
     # (Granite's shared expert is its dense MLP, run beside the experts on every layer)
     bias: torch.Tensor | None = None  # [experts] float32: added to the scores to choose (LFM2-MoE)
+    router_bias: torch.Tensor | None = None  # [experts]: added to the router's logits (gpt-oss)
+    gate_up_bias: torch.Tensor | None = None  # [experts, 2 * intermediate] (gpt-oss)
+    down_bias: torch.Tensor | None = None  # [experts, hidden] (gpt-oss)
 
 
 @contextmanager
@@ -145,23 +148,40 @@ def mix_experts(
     return total
 
 
+def clamped_swiglu(gate_up: torch.Tensor, clamp: float, alpha: float) -> torch.Tensor:
+    """gpt-oss's gate, [rows, 2h] -> [rows, h] in float32: gate clamped to <= clamp, up to
+    [-clamp, clamp], then (up + 1) * gate * sigmoid(alpha * gate)."""
+    gate, up = gate_up.float().chunk(2, dim=-1)
+    gate = gate.clamp(max=clamp)
+    up = up.clamp(min=-clamp, max=clamp)
+    return ((up + 1) * (gate * torch.sigmoid(gate * alpha))).to(gate_up.dtype)
+
+
 def routed_mlp(
     h: torch.Tensor,
     weights: ExpertWeights,
     experts: ExpertLayers,
-    linear: Callable[[torch.Tensor, Linear], torch.Tensor],
+    linear: Callable[..., torch.Tensor],
     gated_act: Callable[[torch.Tensor], torch.Tensor],
     ran: Callable[[int], None],
 ) -> torch.Tensor:
     """A routed layer's output [rows, hidden]: the router, the mixture of the chosen experts
     (`ran` told of each expert run), and a shared expert where there is one (Qwen3.5-MoE's,
-    times the sigmoid of its gate). `linear` and `gated_act` are the model's own."""
+    times the sigmoid of its gate). `linear(x, w, bias=None)` and `gated_act` are the model's
+    own; gpt-oss's experts add their biases and gate by `clamped_swiglu`."""
+    clamp = experts.clamp
+    act = gated_act if clamp is None else lambda x: clamped_swiglu(x, clamp, experts.alpha)
+    up_bias, down_bias = weights.gate_up_bias, weights.down_bias
 
     def run(rows: torch.Tensor, expert: int) -> torch.Tensor:
         ran(expert)
-        return linear(gated_act(linear(rows, weights.gate_up[expert])), weights.down[expert])
+        gate_up = linear(
+            rows, weights.gate_up[expert], None if up_bias is None else up_bias[expert]
+        )
+        down = None if down_bias is None else down_bias[expert]
+        return linear(act(gate_up), weights.down[expert], down)
 
-    logits = linear(h.to(weights.router.dtype), weights.router)
+    logits = linear(h.to(weights.router.dtype), weights.router, weights.router_bias)
     mixed = mix_experts(h, weights, experts, run, logits)
     if weights.shared_gate_up is None or weights.shared_down is None:
         return mixed

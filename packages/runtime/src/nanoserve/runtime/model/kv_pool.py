@@ -193,12 +193,21 @@ class CacheRows:
         scale: float,
         accum_dtype: torch.dtype,
         window: int | None = None,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
         self._check(plan.seq_ids)
         k_pool, v_pool = self.pool.layer(layer)
         if isinstance(plan, DecodePlan):
             return paged_decode_attention(
-                q, k_pool, v_pool, plan.slot_rect, plan.context_lens, scale, accum_dtype, window
+                q,
+                k_pool,
+                v_pool,
+                plan.slot_rect,
+                plan.context_lens,
+                scale,
+                accum_dtype,
+                window,
+                sinks,
             )
         return paged_prefill_attention(
             q,
@@ -210,4 +219,5 @@ class CacheRows:
             scale,
             accum_dtype,
             window,
+            sinks,
         )

@@ -75,10 +75,17 @@ class LayerOps(Protocol):
         ...
 
     def attention(
-        self, q: torch.Tensor, plan: Plan, cache: CacheRows, layer: int, window: int | None
+        self,
+        q: torch.Tensor,
+        plan: Plan,
+        cache: CacheRows,
+        layer: int,
+        window: int | None,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Each token over its visible slots (within its window, if any): [tokens, heads *
-        head_dim] in the residual dtype."""
+        """Each token over its visible slots (within its window, if any; with `sinks` [heads],
+        a logit per head in the softmax's denominator): [tokens, heads * head_dim] in the
+        residual dtype."""
         ...
 
     def gated_act(self, gate_up: torch.Tensor) -> torch.Tensor:
@@ -149,11 +156,17 @@ class TorchOps:
         return q, k, v
 
     def attention(
-        self, q: torch.Tensor, plan: Plan, cache: CacheRows, layer: int, window: int | None
+        self,
+        q: torch.Tensor,
+        plan: Plan,
+        cache: CacheRows,
+        layer: int,
+        window: int | None,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
         cfg = self.config
         heads = q.view(q.shape[0], cfg.num_heads, cfg.head_dim)
-        out = cache.paged_attention(layer, heads, plan, self.scale, self.accum_dtype, window)
+        out = cache.paged_attention(layer, heads, plan, self.scale, self.accum_dtype, window, sinks)
         return out.to(q.dtype).reshape(q.shape[0], cfg.q_size)
 
     def gated_act(self, gate_up: torch.Tensor) -> torch.Tensor:
@@ -253,13 +266,28 @@ class CpuKernelOps:
         return q, k, v
 
     def attention(
-        self, q: torch.Tensor, plan: Plan, cache: CacheRows, layer: int, window: int | None
+        self,
+        q: torch.Tensor,
+        plan: Plan,
+        cache: CacheRows,
+        layer: int,
+        window: int | None,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
         kv, types = cache.storage(layer, plan), cache.kernel_types
         heads, window = self.config.num_heads, window or 0
         if isinstance(plan, DecodePlan):
             return self.ops.paged_attention(
-                q, kv, plan.slot_rect, None, plan.context_lens, self.scale, heads, window, types
+                q,
+                kv,
+                plan.slot_rect,
+                None,
+                plan.context_lens,
+                self.scale,
+                heads,
+                window,
+                types,
+                sinks,
             )
         # A prompt token attends like a decode row at its own position: its chunk's rectangle
         # row, position + 1 slots (the causal mask is the length).
@@ -273,6 +301,7 @@ class CpuKernelOps:
             heads,
             window,
             types,
+            sinks,
         )
 
     def gated_act(self, gate_up: torch.Tensor) -> torch.Tensor:

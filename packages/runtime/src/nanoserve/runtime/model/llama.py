@@ -358,11 +358,11 @@ class LlamaModel:
                     rows = plan.last_token_idx  # [chunks]
                     q, x, plan = q[rows], x[rows], last_tokens(plan)  # [chunks, q], [chunks, ...]
                     h_gate = h[rows]
-                heads = ops.attention(q, plan, cache, kv, kind.window)  # [tokens, q]
+                heads = ops.attention(q, plan, cache, kv, kind.window, layer.sinks)  # [tokens, q]
                 if layer.attn_gate is not None:  # Qwen3.5: times sigmoid(the gate's query)
                     gate = self._linear(h_gate, layer.attn_gate).float().sigmoid()
                     heads = (heads.float() * gate).to(heads.dtype)
-                attn = self._linear(heads, layer.o)
+                attn = self._linear(heads, layer.o, layer.o_bias)
             if layer.attn_out_norm is not None:
                 attn = ops.rms_norm(attn, layer.attn_out_norm)
             if cfg.residual_multiplier != 1.0:

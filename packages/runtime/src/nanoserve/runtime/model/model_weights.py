@@ -48,7 +48,10 @@ class LayerWeights:
     mlp_out_norm: torch.Tensor | None = None  # [hidden], on the MLP's output (Gemma 3)
     conv_kernel: torch.Tensor | None = None  # [hidden, taps] float32: an LFM2 conv layer's
     conv_bias: torch.Tensor | None = None  # [hidden] float32, with the config's conv_bias
-    o_bias: torch.Tensor | None = None  # [hidden]: the conv layer's output projection's bias
+    o_bias: torch.Tensor | None = (
+        None  # [hidden]: the output projection's bias (LFM2's conv, gpt-oss)
+    )
+    sinks: torch.Tensor | None = None  # [heads] float32: attention's sink logits (gpt-oss)
     delta: DeltaNetWeights | None = None  # a DeltaNet layer's kernel, decay and norm
     mamba: Mamba2Weights | None = None  # a Mamba2 layer's kernel, decay, skip and norm
     attn_gate: Linear | None = None  # [heads * head_dim, hidden]: Qwen3.5's output gate
@@ -189,6 +192,18 @@ def assemble_weights(
             )
             if config.experts.expert_bias:
                 experts = replace(experts, bias=take(f"{p}expert_bias", torch.float32))
+            if config.experts.router_bias:
+                experts = replace(experts, router_bias=take(f"{p}gate.bias", small_dtype))
+            if config.experts.linear_biases:  # each expert's: gate then up, and down
+                x = f"{p}experts."
+                gate_up = [(f"{x}{j}.gate_proj.bias", f"{x}{j}.up_proj.bias") for j in e]
+                experts = replace(
+                    experts,
+                    gate_up_bias=torch.stack(
+                        [torch.cat([take(n, small_dtype) for n in pair]) for pair in gate_up]
+                    ),
+                    down_bias=torch.stack([take(f"{x}{j}.down_proj.bias", small_dtype) for j in e]),
+                )
             if config.experts.shared_size is not None:
                 s = p if config.experts.shared_is_mlp else f"{p}shared_expert."
                 parts = ["gate_up"] if config.fused_mlp else ["gate", "up"]
@@ -248,6 +263,12 @@ def assemble_weights(
                 if has_bias
                 else None,
                 o=linear(f"{p}self_attn.o_proj.weight"),
+                o_bias=take(f"{p}self_attn.o_proj.bias", small_dtype)
+                if config.output_bias
+                else None,
+                sinks=take(f"{p}self_attn.sinks", torch.float32)
+                if config.attention_sinks
+                else None,
                 **mlp(i),
                 input_norm=norms["input_layernorm"],
                 post_norm=norms.get("pre_feedforward_layernorm", norms["post_attention_layernorm"]),

@@ -69,6 +69,7 @@ struct AttentionArgs {
   float scale;
   KvType k_type, v_type;
   int64_t window;               // > 0: a token sees only its last `window` slots (sliding layers)
+  const float* sinks;           // [heads]: a logit per head in the softmax's denominator; null: none
 };
 
 struct RopeArgs {

@@ -199,13 +199,15 @@ bool attend(const AttentionArgs& a, int64_t token, int64_t kv_head, float* scrat
       for (int64_t i = 0; i < lo - p0; ++i) s[i] = -INFINITY;  // before the window: the same
     }
   }
-  // Per head: exp(s - max) with positions past n weighing exactly 0, and 1 / their sum.
+  // Per head: exp(s - max) with positions past n weighing exactly 0, and 1 / their sum (with a
+  // sink, its logit joins the max and its exp the sum: it weighs, and takes no value).
   float inv[8 * 16];  // group <= 128
   for (int64_t h = 0; h < group; ++h) {
     float* s = scratch + h * padded;
     F16 tops = f_load(s + first);
     for (int64_t p = first + 16; p < padded; p += 16) tops = f_max(tops, f_load(s + p));
-    const float top = f_hmax(tops);
+    const float sink = a.sinks ? a.sinks[kv_head * group + h] : -INFINITY;
+    const float top = std::max(f_hmax(tops), sink);
     F16 total = f_zero();
     for (int64_t p = first; p < padded; p += 16) {
       F16 e = f_exp(f_sub(f_load(s + p), f_set1(top)));
@@ -219,7 +221,7 @@ bool attend(const AttentionArgs& a, int64_t token, int64_t kv_head, float* scrat
       f_store(s + p, e);
       total = f_add(total, e);
     }
-    inv[h] = 1.f / f_hsum(total);
+    inv[h] = 1.f / (a.sinks ? f_hsum(total) + std::exp(sink - top) : f_hsum(total));
   }
   // The weighted values in position order, each V row read once for up to 4 heads.
   for (int64_t h0 = 0; h0 < group; h0 += 4) {

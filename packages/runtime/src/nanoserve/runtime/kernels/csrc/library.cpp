@@ -91,7 +91,8 @@ PoolView pool_view(const at::Tensor& kv, at::IntArrayRef kv_types) {
 at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& kv, const at::Tensor& rect,
                            const std::optional<at::Tensor>& rect_rows,
                            const at::Tensor& context_lens, double scale, int64_t heads,
-                           int64_t window, at::IntArrayRef kv_types) {
+                           int64_t window, at::IntArrayRef kv_types,
+                           const std::optional<at::Tensor>& sinks) {
   const PoolView pool = pool_view(kv, kv_types);
   const int64_t kv_heads = pool.kv_heads, dim = pool.head_dim, tokens = q.size(0);
   TORCH_CHECK(heads > 0 && heads % kv_heads == 0 && heads / kv_heads <= 128, heads,
@@ -108,6 +109,12 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& kv, const at::
   } else {
     TORCH_CHECK(rect.size(0) == tokens, "without rect_rows the rectangle needs one row per token");
   }
+  if (sinks) {
+    TORCH_CHECK(sinks->scalar_type() == at::kFloat && sinks->dim() == 1 &&
+                    sinks->size(0) == heads && sinks->is_contiguous(),
+                "sinks must be float32 [", heads, "], got ", sinks->sizes(), " ",
+                sinks->scalar_type());
+  }
   const int64_t* lens = context_lens.data_ptr<int64_t>();
   const int64_t* rows = rect_rows ? rect_rows->data_ptr<int64_t>() : nullptr;
   for (int64_t t = 0; t < tokens; ++t) {  // the host side of the addressing, checked once
@@ -121,7 +128,8 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& kv, const at::
                            rect.data_ptr<int64_t>(), rect.stride(0), rows, lens,
                            out.data_ptr<float>(), pool.num_slots, heads, kv_heads, dim,
                            static_cast<float>(scale), pool.k_type, pool.v_type,
-                           window > 0 ? window : 0};
+                           window > 0 ? window : 0,
+                           sinks ? sinks->data_ptr<float>() : nullptr};
   const int64_t group = heads / kv_heads, width = rect.size(1);
   std::atomic<bool> ok{true};
   const KernelTable* t = table();
@@ -325,7 +333,7 @@ TORCH_LIBRARY(nanoserve, m) {
   m.def("dequantize_rows(Tensor rows, int type, int k, Tensor? ids=None) -> Tensor");
   m.def("weight_type_info(int type) -> (str, int, int, int, bool)", nanoserve::weight_type_info);
   m.def("paged_attention(Tensor q, Tensor kv, Tensor rect, Tensor? rect_rows, Tensor context_lens, "
-        "float scale, int heads, int window=0, int[] kv_types=[]) -> Tensor");
+        "float scale, int heads, int window=0, int[] kv_types=[], Tensor? sinks=None) -> Tensor");
   m.def("rope_write_kv(Tensor(a!) qkv, Tensor positions, Tensor cos, Tensor sin, Tensor(b!) kv, "
         "Tensor slots, int heads, int[] kv_types=[]) -> ()");
   m.def("rms_norm(Tensor x, Tensor w, float eps) -> Tensor");
