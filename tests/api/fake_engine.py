@@ -150,6 +150,7 @@ class FakeEngine:
     template_vars: list[dict] = field(default_factory=list)  # and its template variables
     started: bool = False
     shutdown_grace: float | None = None  # set by shutdown
+    generation_prompt: str = "<assistant>"  # what a rendered chat ends with (harmony's: gpt-oss)
 
     def render_chat(
         self,
@@ -160,7 +161,7 @@ class FakeEngine:
         self.chats.append([dict(m) for m in messages])
         self.template_vars.append(dict(extra))
         text = "".join(f"<{m['role']}>{m['content']}" for m in messages)
-        return text + "<assistant>" if add_generation_prompt else text
+        return text + self.generation_prompt if add_generation_prompt else text
 
     def score_prompt(self, query: str, document: str, instruction: str | None = None) -> list[int]:
         text = rerank_prompt(query, document, instruction)

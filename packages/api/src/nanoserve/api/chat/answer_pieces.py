@@ -4,7 +4,7 @@ content text, whole tool calls, and the end.
 The chat route streams OpenAI chunks straight from deltas (sse.py); the other two APIs frame
 the same answer differently (output items, content blocks), so they read it here, already
 split: the reasoning by reasoning.py, the calls by tool_calls.py (a call is whole once its
-`</tool_call>` is seen, and comes with its id).
+`</tool_call>` is seen, and comes with its id), or all three by harmony.py (gpt-oss).
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from nanoserve.api.chat.engine_inputs import ChatInputs
+from nanoserve.api.chat.harmony import harmony_stream
 from nanoserve.api.chat.merged_stream import MergedStream
 from nanoserve.api.chat.response_builders import Choice, assistant_message
 from nanoserve.api.chat.schemas import FunctionCall, ToolCall
@@ -49,12 +50,28 @@ async def answer_pieces(inputs: ChatInputs, merged: MergedStream) -> AsyncIterat
     """The first sample's answer (these APIs have no `n`), piece by piece, then its End."""
     thinker = inputs.reasoning.splitter()
     parser = ToolCallStream(inputs.tools)
+    harmony = harmony_stream(inputs.tools)
     completion, cached = 0, 0
     async for _, delta in merged:
         completion += len(delta.token_ids)
         cached = max(cached, delta.cached_tokens)
         final = delta.finish_reason is not None
         thought, text = delta.text, delta.text
+        if inputs.reasoning.harmony:  # gpt-oss: its channels give all three
+            split = harmony.push(delta.text, final=final)
+            if split.reasoning:
+                yield Piece(reasoning=split.reasoning)
+            if split.content:
+                yield Piece(text=split.content)
+            for call in _whole_calls(split.calls):
+                yield Piece(call=call)
+            if final:
+                finish = delta.finish_reason or "stop"
+                if finish == "stop" and harmony.num_calls:
+                    finish = "tool_calls"
+                yield End(finish, delta.stop_reason, len(inputs.prompt_ids), completion, cached)
+                return
+            continue
         if inputs.reasoning.parses:
             thought, text = thinker.push(delta.text, final=final)
             if thought:

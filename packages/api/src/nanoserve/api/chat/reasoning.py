@@ -5,7 +5,8 @@ distillations), the text between them is the message's `reasoning_content` (also
 `reasoning`: vLLM and llama.cpp use the first name, OpenRouter and newer vLLM the second), the
 rest its `content`. A model may open the tag itself, or the template may have opened it at the
 end of the prompt (Qwen3's thinking-only variants): `ReasoningPlan.starts_inside` says which.
-A template without the tags is left alone: the plan is off and the text is all content.
+A template without the tags is left alone: the plan is off and the text is all content. A
+prompt that asks for a harmony answer (gpt-oss) is split by harmony.py instead.
 
 Streamed, a possible tag cut between two deltas (`</th` + `ink>`) is held back until it is known;
 the whitespace between `</think>` and the answer is dropped, as the peers drop it.
@@ -15,6 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from nanoserve.api.chat.harmony import speaks_harmony
+
 OPEN, CLOSE = "<think>", "</think>"
 
 
@@ -22,6 +25,9 @@ OPEN, CLOSE = "<think>", "</think>"
 class ReasoningPlan:
     parses: bool  # the template writes <think> tags: split the answer
     starts_inside: bool = False  # the prompt ends inside an open <think>
+    # The prompt asks for a harmony answer (gpt-oss): its channels are split by harmony.py,
+    # which finds its tool calls too.
+    harmony: bool = False
 
     @classmethod
     def of(
@@ -31,7 +37,11 @@ class ReasoningPlan:
         is JSON or calls from the first token: there is no thinking to split). Inside when
         the prompt itself ends with an open <think> (a tag elsewhere in it, a user's
         question about tags, says nothing)."""
-        if not template_thinks or constrained:
+        if constrained:
+            return OFF
+        if speaks_harmony(prompt_text):
+            return cls(True, harmony=True)
+        if not template_thinks:
             return OFF
         return cls(True, prompt_text.rstrip().endswith(OPEN))
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from msgspec import UNSET, UnsetType
 
 from nanoserve.api.chat.engine_inputs import ChatInputs, CompletionInputs
+from nanoserve.api.chat.harmony import split_harmony
 from nanoserve.api.chat.schemas import (
     AssistantMessage,
     ChatChoice,
@@ -21,8 +22,10 @@ from nanoserve.api.chat.schemas import (
     CompletionChoice,
     CompletionLogprobs,
     CompletionResponse,
+    FunctionCall,
     PromptTokensDetails,
     TokenLogprob,
+    ToolCall,
     TopLogprob,
     Usage,
 )
@@ -200,6 +203,8 @@ def assistant_message(choice: Choice, inputs: ChatInputs) -> tuple[AssistantMess
     """The message of one choice and its finish reason: its reasoning split off where the
     template thinks, its calls parsed out of the rest where tools are in play ("tool_calls"
     when the model called and stopped, as OpenAI says it)."""
+    if inputs.reasoning.harmony:  # gpt-oss: the channels say which is which
+        return harmony_message(choice, inputs)
     reasoning, text = inputs.reasoning.split(choice.text)
     thought: str | UnsetType = UNSET if reasoning is None else reasoning
     if not inputs.tools.parses:
@@ -212,6 +217,28 @@ def assistant_message(choice: Choice, inputs: ChatInputs) -> tuple[AssistantMess
     finish = "tool_calls" if choice.finish_reason == "stop" else choice.finish_reason
     message = AssistantMessage(
         content=content, tool_calls=calls, reasoning_content=thought, reasoning=thought
+    )
+    return message, finish
+
+
+def harmony_message(choice: Choice, inputs: ChatInputs) -> tuple[AssistantMessage, str | None]:
+    """A harmony answer's message: `analysis` as reasoning, `final` as content, calls whole."""
+    split = split_harmony(choice.text, inputs.tools)
+    calls = [
+        ToolCall(id=head.id, function=FunctionCall(name=head.function.name or "",
+                                                   arguments=body.function.arguments or ""))
+        for head, body in zip(split.calls[::2], split.calls[1::2], strict=True)
+        if head.id is not None and head.function is not None and body.function is not None
+    ]  # fmt: skip
+    finish = choice.finish_reason
+    if calls and finish == "stop":
+        finish = "tool_calls"
+    reasoning: str | UnsetType = split.reasoning if split.reasoning else UNSET
+    message = AssistantMessage(
+        content=split.content if split.content or not calls else None,
+        tool_calls=calls if calls else UNSET,
+        reasoning_content=reasoning,
+        reasoning=reasoning,
     )
     return message, finish
 

@@ -307,7 +307,8 @@ class ToolCallStream:
                 content.append(self._buffer[:stop])
             else:
                 content.append(self._buffer[:start])
-                deltas += self._call_deltas(call)
+                deltas += call_deltas(self.num_calls, call)
+                self.num_calls += 1
                 self._after_call = True
             self._buffer = self._buffer[stop:]
             if self._after_call:
@@ -315,18 +316,19 @@ class ToolCallStream:
                 self._after_call = not self._buffer
         return "".join(content), deltas
 
-    def _call_deltas(self, call: FunctionCall) -> list[ToolCallDelta]:
-        index = self.num_calls
-        self.num_calls += 1
-        return [
-            ToolCallDelta(
-                index=index,
-                id=new_call_id(),
-                type="function",
-                function=FunctionCallDelta(name=call.name, arguments=""),
-            ),
-            ToolCallDelta(index=index, function=FunctionCallDelta(arguments=call.arguments)),
-        ]
+
+def call_deltas(index: int, call: FunctionCall) -> list[ToolCallDelta]:
+    """A whole call as OpenAI streams one: a delta naming it (index, id, type, name, empty
+    arguments), then one with its arguments."""
+    return [
+        ToolCallDelta(
+            index=index,
+            id=new_call_id(),
+            type="function",
+            function=FunctionCallDelta(name=call.name, arguments=""),
+        ),
+        ToolCallDelta(index=index, function=FunctionCallDelta(arguments=call.arguments)),
+    ]
 
 
 def _partial_open(text: str) -> int:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 from nanoserve.api.chat.engine_inputs import ChatInputs, CompletionInputs
+from nanoserve.api.chat.harmony import harmony_stream
 from nanoserve.api.chat.merged_stream import MergedStream
 from nanoserve.api.chat.response_builders import (
     Answer,
@@ -101,6 +102,8 @@ async def chat_events(
     parsers = [ToolCallStream(inputs.tools) for _ in range(inputs.params.n)]
     # Where the template thinks, its <think> part goes first, as reasoning deltas.
     thinkers = [inputs.reasoning.splitter() for _ in range(inputs.params.n)]
+    # A harmony answer (gpt-oss) is split into all three by its channels instead.
+    harmonies = [harmony_stream(inputs.tools) for _ in range(inputs.params.n)]
     try:
         for i in range(inputs.params.n):  # OpenAI opens each choice with its role
             role = ChatDelta(role="assistant", content="")
@@ -110,10 +113,16 @@ async def chat_events(
             cached = max(cached, delta.cached_tokens)
             text, calls, thought = delta.text, None, None
             finish = delta.finish_reason
-            if inputs.reasoning.parses:
+            if inputs.reasoning.harmony:
+                harmony = harmonies[delta.index]
+                split = harmony.push(text, final=finish is not None)
+                thought, text, calls = split.reasoning or None, split.content, split.calls or None
+                if finish == "stop" and harmony.num_calls:
+                    finish = "tool_calls"
+            elif inputs.reasoning.parses:
                 thought, text = thinkers[delta.index].push(text, final=finish is not None)
                 thought = thought or None
-            if inputs.tools.parses:
+            if inputs.tools.parses and not inputs.reasoning.harmony:
                 parser = parsers[delta.index]
                 text, found = parser.push(text, final=finish is not None)
                 calls = found or None
