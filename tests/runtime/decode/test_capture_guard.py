@@ -77,13 +77,17 @@ def test_a_host_tensor_is_foreign_to_a_trace_on_meta() -> None:
         x + torch.ones(3)  # no device=: the host, where a trace's stray factories land
 
 
-def _old_attention(q, k_pool, v_pool, slot_rect, context_lens, scale, accum_dtype, window=None):
+def _old_attention(
+    q, k_pool, v_pool, slot_rect, context_lens, scale, accum_dtype, window=None, sinks=None
+):
     """The attention as it was: a host zero in its final where (every CUDA capture failed)."""
     out = paged_decode_attention(q, k_pool, v_pool, slot_rect, context_lens, scale, accum_dtype)
     return torch.where((context_lens > 0)[:, None, None], out, torch.zeros((), dtype=out.dtype))
 
 
-def _reading_attention(q, k_pool, v_pool, slot_rect, context_lens, scale, accum_dtype, window=None):
+def _reading_attention(
+    q, k_pool, v_pool, slot_rect, context_lens, scale, accum_dtype, window=None, sinks=None
+):
     """Attention that reads the longest context on the host (to slice the rectangle)."""
     width = int(context_lens.max().item()) or 1
     return paged_decode_attention(

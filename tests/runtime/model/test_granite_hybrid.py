@@ -15,7 +15,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from nanoserve.runtime.errors import UnsupportedModelError
 from nanoserve.runtime.loading.checkpoint import load_checkpoint
 from nanoserve.runtime.model.llama import LlamaModel
 from tests.runtime.hybrid_engine import (
@@ -73,13 +72,15 @@ def test_greedy_tokens_are_transformers_recomputing_everything(
     assert tokens["0"] == transformers_greedy(reference, PROMPT)
 
 
-def test_the_experts_are_refused_at_load(
-    tmp_path: Path, make_tiny_model_dir: Callable[..., Path]
+def test_micro_has_no_experts_and_tiny_routes(
+    granite_dir: Path, tmp_path: Path, make_tiny_model_dir: Callable[..., Path]
 ) -> None:
-    """Granite 4.0-H Tiny and Small route to experts: refused in one line, never served wrong."""
+    """Micro (`num_local_experts: 0`) is the dense MLP alone; with experts (Tiny, Small) every
+    layer routes beside it (served in test_mixture_of_experts.py)."""
+    assert load_checkpoint(granite_dir).config.experts is None
     moe = make_tiny_model_dir(tmp_path, arch=ARCH, num_local_experts=4, num_experts_per_tok=2)
-    with pytest.raises(UnsupportedModelError, match=r"num_local_experts=4: Granite 4.0-H's mix"):
-        load_checkpoint(moe)
+    experts = load_checkpoint(moe).config.experts
+    assert experts is not None and experts.shared_is_mlp and experts.scoring == "topk_softmax"
 
 
 def test_its_gguf_gives_the_checkpoints_tokens(
