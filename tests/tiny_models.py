@@ -93,6 +93,23 @@ ONE_ATTENTION_IN_FOUR = [
     "linear_attention",
     "linear_attention",
 ]
+# Granite 4.0-H's hybrid: Mamba2 on three of four layers, the last among them (8 heads of 16
+# in 2 groups of B and C, a 16-wide state), no rotary (as every Granite 4.0-H), its multipliers
+TINY_GRANITE: dict[str, Any] = {
+    "num_hidden_layers": 4,
+    "layer_types": ONE_ATTENTION_IN_FOUR,
+    "mamba_n_heads": 8,
+    "mamba_n_groups": 2,
+    "mamba_d_state": 16,
+    "mamba_d_conv": 4,
+    "mamba_expand": 2,
+    "position_embedding_type": "nope",
+    "embedding_multiplier": 2.0,
+    "residual_multiplier": 0.5,
+    "attention_multiplier": 0.2,
+    "logits_scaling": 4.0,
+    "pad_token_id": None,
+}
 # Qwen3.5's hybrid: gated DeltaNet on three of four layers, the last among them (2 key
 # heads serving 4 value heads of 16), gated attention with rotary on a quarter of each head
 TINY_QWEN3_5: dict[str, Any] = {
@@ -130,46 +147,16 @@ TINY_ARCH_OVERRIDES: dict[str, dict[str, Any]] = {
         "pad_token_id": None,
     },
     "qwen3_5": TINY_QWEN3_5,
-    # Granite 4.0-H's hybrid: Mamba2 on three of four layers, the last among them (8 heads of
-    # 16 in 2 groups of B and C, a 16-wide state), no rotary (as every Granite 4.0-H), its
-    # multipliers, a dense MLP and no experts (Micro)
-    "granitemoehybrid": {
-        "num_hidden_layers": 4,
-        "layer_types": ONE_ATTENTION_IN_FOUR,
-        "mamba_n_heads": 8,
-        "mamba_n_groups": 2,
-        "mamba_d_state": 16,
-        "mamba_d_conv": 4,
-        "mamba_expand": 2,
-        "num_local_experts": 0,
-        "shared_intermediate_size": 128,
-        "position_embedding_type": "nope",
-        "embedding_multiplier": 2.0,
-        "residual_multiplier": 0.5,
-        "attention_multiplier": 0.2,
-        "logits_scaling": 4.0,
-        "pad_token_id": None,
-    },
+    # Granite 4.0-H Micro's form: the hybrid with a dense MLP and no experts
+    "granitemoehybrid": {**TINY_GRANITE, "num_local_experts": 0, "shared_intermediate_size": 128},
     # Granite 4.0-H Tiny's form: the hybrid with 4 experts of 32 on every layer (2 a token,
     # weighed by a softmax over the two), beside the dense MLP
     "granite_moe": {
-        "num_hidden_layers": 4,
-        "layer_types": ONE_ATTENTION_IN_FOUR,
-        "mamba_n_heads": 8,
-        "mamba_n_groups": 2,
-        "mamba_d_state": 16,
-        "mamba_d_conv": 4,
-        "mamba_expand": 2,
+        **TINY_GRANITE,
         "num_local_experts": 4,
         "num_experts_per_tok": 2,
         "intermediate_size": 32,
         "shared_intermediate_size": 64,
-        "position_embedding_type": "nope",
-        "embedding_multiplier": 2.0,
-        "residual_multiplier": 0.5,
-        "attention_multiplier": 0.2,
-        "logits_scaling": 4.0,
-        "pad_token_id": None,
     },
     # Qwen3-MoE: 4 experts of 32 on every layer, 2 a token, their weights rescaled to sum to one
     "qwen3_moe": {

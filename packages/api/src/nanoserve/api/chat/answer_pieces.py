@@ -16,8 +16,8 @@ from nanoserve.api.chat.engine_inputs import ChatInputs
 from nanoserve.api.chat.harmony import harmony_stream
 from nanoserve.api.chat.merged_stream import MergedStream
 from nanoserve.api.chat.response_builders import Choice, assistant_message
-from nanoserve.api.chat.schemas import FunctionCall, ToolCall
-from nanoserve.api.chat.tool_calls import ToolCallStream
+from nanoserve.api.chat.schemas import ToolCall
+from nanoserve.api.chat.tool_calls import ToolCallStream, whole_calls
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,50 +56,28 @@ async def answer_pieces(inputs: ChatInputs, merged: MergedStream) -> AsyncIterat
         completion += len(delta.token_ids)
         cached = max(cached, delta.cached_tokens)
         final = delta.finish_reason is not None
-        thought, text = delta.text, delta.text
+        thought, text, calls = "", delta.text, []
         if inputs.reasoning.harmony:  # gpt-oss: its channels give all three
             split = harmony.push(delta.text, final=final)
-            if split.reasoning:
-                yield Piece(reasoning=split.reasoning)
-            if split.content:
-                yield Piece(text=split.content)
-            for call in _whole_calls(split.calls):
-                yield Piece(call=call)
-            if final:
-                finish = delta.finish_reason or "stop"
-                if finish == "stop" and harmony.num_calls:
-                    finish = "tool_calls"
-                yield End(finish, delta.stop_reason, len(inputs.prompt_ids), completion, cached)
-                return
-            continue
-        if inputs.reasoning.parses:
-            thought, text = thinker.push(delta.text, final=final)
-            if thought:
-                yield Piece(reasoning=thought)
-        calls = []
-        if inputs.tools.parses:
-            text, deltas = parser.push(text, final=final)
-            calls = _whole_calls(deltas)
+            thought, text, calls = split.reasoning, split.content, whole_calls(split.calls)
+        else:
+            if inputs.reasoning.parses:
+                thought, text = thinker.push(delta.text, final=final)
+            if inputs.tools.parses:
+                text, deltas = parser.push(text, final=final)
+                calls = whole_calls(deltas)
+        if thought:
+            yield Piece(reasoning=thought)
         if text:
             yield Piece(text=text)
         for call in calls:
             yield Piece(call=call)
         if delta.finish_reason is not None:
             finish = delta.finish_reason
-            if finish == "stop" and parser.num_calls:
+            if finish == "stop" and (harmony.num_calls or parser.num_calls):
                 finish = "tool_calls"
             yield End(finish, delta.stop_reason, len(inputs.prompt_ids), completion, cached)
             return
-
-
-def _whole_calls(deltas: list) -> list[ToolCall]:
-    """ToolCallStream's deltas come in pairs: the call's id and name, then its arguments."""
-    calls = []
-    for head, body in zip(deltas[::2], deltas[1::2], strict=True):
-        assert head.id is not None and head.function is not None and body.function is not None
-        name, arguments = head.function.name or "", body.function.arguments or ""
-        calls.append(ToolCall(id=head.id, function=FunctionCall(name=name, arguments=arguments)))
-    return calls
 
 
 def whole_answer(inputs: ChatInputs, deltas: list) -> WholeAnswer:

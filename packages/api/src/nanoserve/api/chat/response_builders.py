@@ -22,14 +22,12 @@ from nanoserve.api.chat.schemas import (
     CompletionChoice,
     CompletionLogprobs,
     CompletionResponse,
-    FunctionCall,
     PromptTokensDetails,
     TokenLogprob,
-    ToolCall,
     TopLogprob,
     Usage,
 )
-from nanoserve.api.chat.tool_calls import parse_tool_calls
+from nanoserve.api.chat.tool_calls import parse_tool_calls, whole_calls
 from nanoserve.api.server.engine_client import EngineClient, TokenCodec
 from nanoserve.runtime import Delta
 
@@ -224,12 +222,7 @@ def assistant_message(choice: Choice, inputs: ChatInputs) -> tuple[AssistantMess
 def harmony_message(choice: Choice, inputs: ChatInputs) -> tuple[AssistantMessage, str | None]:
     """A harmony answer's message: `analysis` as reasoning, `final` as content, calls whole."""
     split = split_harmony(choice.text, inputs.tools)
-    calls = [
-        ToolCall(id=head.id, function=FunctionCall(name=head.function.name or "",
-                                                   arguments=body.function.arguments or ""))
-        for head, body in zip(split.calls[::2], split.calls[1::2], strict=True)
-        if head.id is not None and head.function is not None and body.function is not None
-    ]  # fmt: skip
+    calls = whole_calls(split.calls)
     finish = choice.finish_reason
     if calls and finish == "stop":
         finish = "tool_calls"

@@ -317,6 +317,17 @@ class ToolCallStream:
         return "".join(content), deltas
 
 
+def whole_calls(deltas: Sequence[ToolCallDelta]) -> list[ToolCall]:
+    """Whole calls from deltas in `call_deltas`' pairs: the call's id and name, then its
+    arguments."""
+    calls = []
+    for head, body in zip(deltas[::2], deltas[1::2], strict=True):
+        assert head.id is not None and head.function is not None and body.function is not None
+        name, arguments = head.function.name or "", body.function.arguments or ""
+        calls.append(ToolCall(id=head.id, function=FunctionCall(name=name, arguments=arguments)))
+    return calls
+
+
 def call_deltas(index: int, call: FunctionCall) -> list[ToolCallDelta]:
     """A whole call as OpenAI streams one: a delta naming it (index, id, type, name, empty
     arguments), then one with its arguments."""

@@ -180,6 +180,7 @@ def assemble_weights(
     def mlp(i: int) -> dict[str, Any]:
         """Layer i's MLP as LayerWeights fields: its two linears, or a router and experts."""
         p = f"model.layers.{i}.mlp."
+        parts = ["gate_up"] if config.fused_mlp else ["gate", "up"]  # the checkpoint's MLP form
         if config.experts is not None and i in config.experts.layers:
             e = range(config.experts.num_experts)
             experts = ExpertWeights(
@@ -206,7 +207,6 @@ def assemble_weights(
                 )
             if config.experts.shared_size is not None:
                 s = p if config.experts.shared_is_mlp else f"{p}shared_expert."
-                parts = ["gate_up"] if config.fused_mlp else ["gate", "up"]
                 experts = replace(
                     experts,
                     shared_gate_up=linear(*(f"{s}{n}_proj.weight" for n in parts)),
@@ -216,7 +216,6 @@ def assemble_weights(
                     else None,
                 )
             return {"gate_up": None, "down": None, "experts": experts}
-        parts = ["gate_up"] if config.fused_mlp else ["gate", "up"]
         return {
             "gate_up": linear(*(f"{p}{n}_proj.weight" for n in parts)),
             "down": linear(f"{p}down_proj.weight"),
