@@ -49,11 +49,14 @@ FP16_FIELDS: dict[str, tuple[int, ...]] = {
     "IQ4_NL": (0,),
     "IQ4_XS": (0,),
 }
+# The E8M0 scale bytes of each block type (2^(e - 127), ggml halving it for MXFP4's doubled
+# codes): set near the scale asked for, as a real file's are, not random powers up to 2^127.
+E8M0_FIELDS: dict[str, tuple[int, ...]] = {"MXFP4": (0,)}
 
 
 def random_blocks(kind: str, rows: int, cols: int, seed: int, scale: float = 0.01) -> np.ndarray:
     """A [rows, cols] tensor as valid GGUF bytes of type `kind` ([rows, bytes per row] uint8):
-    random bytes, every fp16 scale finite (N(0, scale^2)). The `gguf` package dequantizes every
+    random bytes, every fp16 scale finite (N(0, scale^2)), every E8M0 one a power near scale / 8. The `gguf` package dequantizes every
     such block but quantizes only a few types."""
     import gguf
 
@@ -67,9 +70,12 @@ def random_blocks(kind: str, rows: int, cols: int, seed: int, scale: float = 0.0
         return values.view(np.uint8)
     block, nbytes = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[kind]]
     blocks = rng.integers(0, 256, (rows, cols // block, nbytes), dtype=np.uint8)
-    for at in FP16_FIELDS[kind]:
+    for at in FP16_FIELDS.get(kind, ()):
         halves = (rng.standard_normal(blocks.shape[:2]) * scale).astype(np.float16)
         blocks[..., at : at + 2] = halves[..., None].view(np.uint8)
+    for at in E8M0_FIELDS.get(kind, ()):  # values of the order of scale (codes reach 12)
+        e = 127 + round(np.log2(scale / 4)) + rng.integers(-2, 3, blocks.shape[:2])
+        blocks[..., at] = e.astype(np.uint8)
     return blocks.reshape(rows, -1)
 
 

@@ -60,23 +60,29 @@ def test_linears_agree_on_every_isa(
 HALF_FIELDS = {
     "Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q5_1": (0, 2), "Q8_0": (0,),
     "Q2_K": (80, 82), "Q3_K": (108,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,),
+    "MXFP4": (),
 }  # fmt: skip
+E8M0_FIELDS = {"MXFP4": (0,)}  # a power of two: 2^(e - 128) with ggml's halving
 
 
 def extreme_blocks(kind: str, rows: int, width: int, level: int) -> GgufBlocks:
-    """Blocks whose every byte but the fp16 scales is `level` (0xFF: the largest levels and
-    sub-block scales; 0x7F: q8_0's and q6_k's largest signed values), scales 1/64."""
+    """Blocks whose every byte but the scales is `level` (0xFF: the largest levels and
+    sub-block scales; 0x7F: q8_0's and q6_k's largest signed values; 0x77: mxfp4's largest
+    code, 12 read as level 24), scales 1/64."""
     t = BY_NAME[kind]
     blocks = torch.full((rows, width // t.block, t.block_bytes), level, dtype=torch.uint8)
     for at in HALF_FIELDS[kind]:
         blocks[..., at], blocks[..., at + 1] = 0x00, 0x24  # fp16 1/64, little-endian
+    for at in E8M0_FIELDS.get(kind, ()):
+        blocks[..., at] = 122  # 1/64
     return GgufBlocks(kind, blocks.reshape(rows, -1), (rows, width))
 
 
-@pytest.mark.parametrize("level", [0xFF, 0x7F, 0x80])
+@pytest.mark.parametrize("level", [0xFF, 0x7F, 0x80, 0x77])
 def test_linears_agree_at_the_bounds_of_their_sums(runnable_isas: list[str], level: int) -> None:
     """Every level at its largest against inputs at +-127, all of one sign: the sums AVX2 keeps
-    in int16 (4 chunks of 4-bit levels, 2 of 5-bit ones, a chunk of 6-bit ones) at their bounds,
+    in int16 (4 chunks of 4-bit levels, 2 of 5-bit ones or of mxfp4's levels to 24, a chunk of
+    6-bit ones) at their bounds,
     where one overflow would show as a difference from the portable path."""
     kinds = sorted(KERNEL_TYPES, key=lambda k: BY_NAME[k].number)
     linear = QuantLinear(tuple(QuantWeight.pack(extreme_blocks(k, 16, 512, level)) for k in kinds))

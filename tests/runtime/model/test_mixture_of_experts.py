@@ -151,12 +151,14 @@ def test_health_reports_the_experts_served_and_the_share_run(
     assert experts["touched_share"] > 0.0
 
 
-def test_gpt_oss_mxfp4_experts_read_as_the_gguf_package_dequantizes(
+def test_gpt_oss_mxfp4_experts_read_as_stored_and_served_in_their_blocks(
     tmp_path: Path, make_tiny_model_dir: Callable[..., Path], write_tiny_gguf: Callable[..., Path]
 ) -> None:
     """gpt-oss's experts as its GGUFs store them (MXFP4: 32 E2M1 codes under one E8M0 scale):
-    each expert's slice of the stack reads as the gguf package's dequantization of its bytes,
-    and the file serves. (No native MXFP4 kernel yet: the experts are dequantized at load.)"""
+    each expert's slice of the stack dequantizes as the gguf package does, and the file serves
+    as its conversion does; in the `gguf` form (what `auto` picks) every linear runs in its
+    MXFP4 blocks on the kernel, apart from torch's ops on those values by the int8 activations
+    only."""
     import gguf
     import numpy as np
 
@@ -168,8 +170,8 @@ def test_gpt_oss_mxfp4_experts_read_as_the_gguf_package_dequantizes(
     [stacked] = [t for t in reader.tensors if t.name == "blk.1.ffn_up_exps.weight"]
     assert stacked.tensor_type == gguf.GGMLQuantizationType.MXFP4
     want = gguf.quants.dequantize(np.asarray(stacked.data), stacked.tensor_type)[3]  # expert 3
-    tensors = dict(load_checkpoint(path).tensors())
-    got = tensors["model.layers.1.mlp.experts.3.up_proj.weight"]
+    checkpoint = load_checkpoint(path)
+    got = dict(checkpoint.tensors())["model.layers.1.mlp.experts.3.up_proj.weight"]
     assert torch.equal(got, torch.from_numpy(np.ascontiguousarray(want)).to(got.dtype))
     # served, it answers as its conversion to a directory does (transformers' stacked layout)
     from nanoserve.runtime.loading.convert import convert_gguf
@@ -177,3 +179,17 @@ def test_gpt_oss_mxfp4_experts_read_as_the_gguf_package_dequantizes(
     tokens, _ = greedy(engine_of(path), [PROMPT])
     converted, _ = greedy(engine_of(convert_gguf(path, tmp_path / "hf")), [PROMPT])
     assert tokens == converted
+    # in its blocks: the experts' linears are MXFP4 on the kernel (/health's types)
+    blocks = LlamaModel.from_tensors(
+        checkpoint.config,
+        checkpoint.sources(frozenset({"MXFP4"})),
+        max_positions=128,
+        quantize="gguf",
+    )
+    assert blocks.expert_usage is not None
+    layers = len(checkpoint.config.experts.layers)  # type: ignore[union-attr]
+    assert blocks.expert_usage.types == f"mxfp4×{layers * 4 * 3}"
+    floats = LlamaModel.from_tensors(checkpoint.config, checkpoint.tensors(), max_positions=128)
+    kernels, torch_ops = paged_logits(blocks, PROMPT), paged_logits(floats, PROMPT)
+    assert rel_error(kernels, torch_ops) < 0.3  # test_architectures' gap (0.26 here)
+    assert (kernels.argmax(-1) == torch_ops.argmax(-1)).float().mean() >= 0.85

@@ -24,6 +24,7 @@ from nanoserve.runtime.model.quant_weight import (
     quantize_q4_1,
     quantize_q8_0,
 )
+from tests.runtime.isa_paths import assert_same_bits, on_every_isa
 
 TYPES = sorted(KERNEL_TYPES, key=lambda k: BY_NAME[k].number)
 RandomBlocks = Callable[..., np.ndarray]
@@ -236,3 +237,22 @@ def test_q8_0_product_is_exact_on_integers() -> None:
     linear = QuantLinear((QuantWeight.pack(blocks_of("Q8_0", raw, width)),))
     x = integer_activations(7, width, seed=5)
     assert torch.equal(linear.matmul(x), (x.long() @ w.long().T).float())
+
+
+def test_every_mxfp4_scale_byte_is_ggmls_power_of_two(runnable_isas: list[str]) -> None:
+    """MXFP4's E8M0 scale, each of its 256 bytes (0 and 1 ggml's subnormals, 255 not NaN but
+    2^127): dequantized as the `gguf` package does, and, up to where a product would overflow,
+    the dot kernel the float64 product of those values, the same bits on every ISA path."""
+    g = torch.Generator().manual_seed(9)
+    codes = torch.randint(0, 256, (256, 2, 16), generator=g, dtype=torch.uint8)
+    scales = torch.arange(256, dtype=torch.uint8).reshape(256, 1, 1).expand(256, 2, 1)
+    rows = torch.cat((scales, codes), -1).reshape(256, 34).numpy()
+    with np.errstate(over="ignore"):  # 12 * 2^127 is inf, in both
+        expected = gguf_values("MXFP4", rows, 64)
+    assert torch.equal(dequantize_blocks(blocks_of("MXFP4", rows, 64)), expected)
+    finite = rows[:200]  # 12 * 2^71 * |x| stays far below float32's range
+    linear = QuantLinear((QuantWeight.pack(blocks_of("MXFP4", finite, 64)),))
+    x = torch.randn(3, 64, generator=g)
+    results = on_every_isa(runnable_isas, lambda: linear.matmul(x))
+    assert_same_bits(results)
+    check_against_float64(results["portable"], gguf_values("MXFP4", finite, 64), x)

@@ -70,7 +70,7 @@ GGML_TYPES: dict[int, GgmlType] = {t.number: t for t in _TYPES}
 BY_NAME: dict[str, GgmlType] = {t.name: t for t in _TYPES}
 
 KERNEL_TYPES = frozenset(
-    {"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"}
+    {"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "MXFP4"}
 )
 FLOAT_TYPES = frozenset({"F32", "F16", "BF16"})
 # What nanoserve's own code dequantizes (kernels/csrc/weight_types.cpp), bit for bit as the file

@@ -11,8 +11,8 @@
 | q8       | GGUF Q8_0                        | GGUF Q8_0         | nanoserve's CPU kernels       |
 
 `auto` (the server's default) is `gguf` for a GGUF on the CPU with at least one linear in a
-type the kernels read: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, each tensor
-in its own type, as llama.cpp serves the file. A tensor of another type (F16, IQ4_XS, ...) is
+type the kernels read: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, MXFP4, each
+tensor in its own type, as llama.cpp serves the file. A tensor of another type (F16, IQ4_XS, ...) is
 re-quantized to Q8_0 under `gguf`, and the boot line says so (`fallbacks`). A float checkpoint
 or a GPU loads in the model dtype, as unset does.
 

@@ -77,6 +77,7 @@ inline void prefetch_bytes(const uint8_t* w, int64_t bytes) {
 #define NS_DOTS 1
 #include "quant_q.h"
 #include "quant_k.h"
+#include "quant_mx.h"
 #undef NS_DOTS
 
 // R rows against one feature block: each superblock's weights are unpacked once for all R
@@ -137,6 +138,7 @@ LinearKernel linear_kernel(int64_t ggml) {
     case kQ4_K: return format_linear<KFormat<kQ4_K>>;
     case kQ5_K: return format_linear<KFormat<kQ5_K>>;
     case kQ6_K: return format_linear<KFormat<kQ6_K>>;
+    case kMXFP4: return format_linear<MxFormat>;
     default: return nullptr;
   }
 }

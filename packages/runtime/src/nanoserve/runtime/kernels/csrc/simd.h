@@ -112,6 +112,11 @@ inline B64 b_high_nibbles(B64 a) {
   return {_mm512_and_si512(_mm512_srli_epi16(a.v, 4), _mm512_set1_epi8(0x0F))};
 }
 inline B64 b_or(B64 a, B64 b) { return {_mm512_or_si512(a.v, b.v)}; }
+// Per byte: table[a] (a < 16), one shuffle of the table in every 128-bit lane.
+inline B64 b_lookup(B64 a, const uint8_t* table) {
+  const __m512i t = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(table)));
+  return {_mm512_shuffle_epi8(t, a.v)};
+}
 // Per byte: ((a >> from) & mask) << to. One 16-bit shift and a mask: the bits a shift carries
 // across a byte boundary land outside `mask << to` (the field lies within its byte).
 inline B64 b_field(B64 a, int from, int mask, int to) {
@@ -238,6 +243,10 @@ inline B64 b_high_nibbles(B64 a) {
   return {_mm256_and_si256(_mm256_srli_epi16(a.lo, 4), m), _mm256_and_si256(_mm256_srli_epi16(a.hi, 4), m)};
 }
 inline B64 b_or(B64 a, B64 b) { return {_mm256_or_si256(a.lo, b.lo), _mm256_or_si256(a.hi, b.hi)}; }
+inline B64 b_lookup(B64 a, const uint8_t* table) {
+  const __m256i t = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(table)));
+  return {_mm256_shuffle_epi8(t, a.lo), _mm256_shuffle_epi8(t, a.hi)};
+}
 inline __m256i field8(__m256i a, int from, int mask, int to) {
   const __m256i v = from > to ? _mm256_srli_epi16(a, from - to) : _mm256_slli_epi16(a, to - from);
   return _mm256_and_si256(v, _mm256_set1_epi8(static_cast<char>(mask << to)));
@@ -364,6 +373,7 @@ inline B64 b_load(const uint8_t* p) { B64 r; std::memcpy(r.v, p, 64); return r; 
 inline B64 b_low_nibbles(B64 a) { B64 r; for (int i = 0; i < 64; ++i) r.v[i] = a.v[i] & 0x0F; return r; }
 inline B64 b_high_nibbles(B64 a) { B64 r; for (int i = 0; i < 64; ++i) r.v[i] = a.v[i] >> 4; return r; }
 inline B64 b_or(B64 a, B64 b) { B64 r; for (int i = 0; i < 64; ++i) r.v[i] = a.v[i] | b.v[i]; return r; }
+inline B64 b_lookup(B64 a, const uint8_t* table) { B64 r; for (int i = 0; i < 64; ++i) r.v[i] = table[a.v[i]]; return r; }
 inline B64 b_field(B64 a, int from, int mask, int to) {
   B64 r;
   for (int i = 0; i < 64; ++i) r.v[i] = static_cast<uint8_t>(((a.v[i] >> from) & mask) << to);

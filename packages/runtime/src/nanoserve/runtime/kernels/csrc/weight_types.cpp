@@ -12,6 +12,7 @@ namespace nanoserve {
 #define NS_LAYOUT 1
 #include "quant_q.h"
 #include "quant_k.h"
+#include "quant_mx.h"
 #undef NS_LAYOUT
 
 namespace {
@@ -55,6 +56,7 @@ const Entry kEntries[] = {
     k_entry<kQ4_K>("q4_k", 144),
     k_entry<kQ5_K>("q5_k", 176),
     k_entry<kQ6_K>("q6_k", 210),
+    {{"mxfp4", kMXFP4, 32, 17, MxLayout::kBytes, true}, mx_pack, mx_dequantize},
 };
 
 const Entry* find_entry(int64_t ggml) {

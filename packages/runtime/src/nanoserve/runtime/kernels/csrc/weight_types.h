@@ -14,7 +14,8 @@
 //   L2: 2 x 64 bytes; byte 4f+b of the first, bits 2c..2c+1: 2 bits of input 8c+b; of the
 //       second: of input 8c+4+b;
 //   L8: 8 chunks of 64 bytes; byte 4f+b of chunk j: input 4j+b as w + 128.
-// Scales are per feature, 16 in a row: fp16 (d, dmin, m), or one byte per feature.
+// Scales are per feature, 16 in a row: fp16 (d, dmin, m), bf16 (mxfp4's powers of two), or one
+// byte per feature.
 #pragma once
 
 #include <cstdint>
@@ -25,7 +26,7 @@ namespace nanoserve {
 enum GgmlType : int64_t {
   kF32 = 0, kF16 = 1, kQ4_0 = 2, kQ4_1 = 3, kQ5_0 = 6, kQ5_1 = 7, kQ8_0 = 8,
   kQ2_K = 10, kQ3_K = 11, kQ4_K = 12, kQ5_K = 13, kQ6_K = 14, kIQ4_NL = 20, kIQ4_XS = 23,
-  kBF16 = 30,
+  kBF16 = 30, kMXFP4 = 39,
 };
 constexpr int64_t kMaxGgmlType = 40;
 
