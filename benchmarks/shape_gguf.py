@@ -21,7 +21,11 @@ tokens from `usage`.
   248,320; tied);
 - `olmoe-1b-7b-shape`: OLMoE-1B-7B (hidden 2048, 16 layers of 16 heads of 128, q and k normed
   whole; 64 experts of 1024 a layer, 8 a token, the router F32 as llama.cpp keeps it, the
-  experts stacked as `ffn_*_exps` in the same Q4_K/Q6_K mix; vocabulary 50,304; untied).
+  experts stacked as `ffn_*_exps` in the same Q4_K/Q6_K mix; vocabulary 50,304; untied);
+- `gpt-oss-20b-shape`: gpt-oss-20b in the types of ggml-org's MXFP4 GGUF, not a Q4_K_M mix
+  (hidden 2880, 24 layers of 64 heads of 64 and 8 K/V heads, sliding (128) and full layers
+  alternating, sinks and biases; 32 experts of 2880 a layer, 4 a token, MXFP4 with F32 biases;
+  attention, embedding and output Q8_0; YaRN x32 over 4,096; vocabulary 201,088; untied).
 """
 
 from __future__ import annotations
@@ -152,7 +156,32 @@ OLMOE_1B_7B = Shape(
     eps=1e-5,
     metadata={"expert_count": 64, "expert_used_count": 8},
 )
-SHAPES = {shape.name: shape for shape in (LFM2_1_2B, QWEN3_5_0_8B, OLMOE_1B_7B)}
+GPT_OSS_20B = Shape(
+    name="gpt-oss-20b-shape",
+    arch="gpt-oss",
+    vocab=201088,
+    hidden=2880,
+    layers=24,
+    attention=tuple(range(24)),
+    heads=64,
+    kv_heads=8,
+    head_dim=64,
+    ffn=2880,  # each expert's width (no dense MLP)
+    rope_theta=150000.0,
+    eps=1e-5,
+    metadata={
+        "expert_count": 32,
+        "expert_used_count": 4,
+        "expert_feed_forward_length": 2880,
+        "attention.sliding_window": 128,
+        "rope.scaling.type": "yarn",
+        "rope.scaling.factor": 32.0,
+        "rope.scaling.original_context_length": 4096,
+    },
+)
+SHAPES = {shape.name: shape for shape in (LFM2_1_2B, QWEN3_5_0_8B, OLMOE_1B_7B, GPT_OSS_20B)}
+# The block types each shape's file is written in, as its usual download has them.
+MIX = {"gpt-oss-20b-shape": "mxfp4"}
 
 Tensors = dict[str, tuple[tuple[int, ...], str]]  # GGUF name -> (HF-order shape, type)
 
@@ -163,8 +192,37 @@ def more_bits(layer: int, layers: int) -> bool:
     return layer < layers // 8 or layer >= 7 * layers // 8 or (layer - layers // 8) % 3 == 2
 
 
+def gpt_oss_tensors(s: Shape) -> Tensors:
+    """gpt-oss as ggml-org's MXFP4 GGUF stores it: the experts MXFP4 (with F32 biases), the
+    attention, embedding and output Q8_0, norms, biases, sinks and the router F32."""
+    h, q, kv, e = s.hidden, s.heads * s.head_dim, s.kv_heads * s.head_dim, s.metadata
+    experts = int(e["expert_count"])  # type: ignore[call-overload]
+    out: Tensors = {
+        "token_embd.weight": ((s.vocab, h), "Q8_0"),
+        "output_norm.weight": ((h,), "F32"),
+        "output.weight": ((s.vocab, h), "Q8_0"),
+    }
+    for i in range(s.layers):
+        b = f"blk.{i}."
+        out[f"{b}attn_norm.weight"] = ((h,), "F32")
+        out[f"{b}post_attention_norm.weight"] = ((h,), "F32")
+        for name, rows, cols in (("attn_q", q, h), ("attn_k", kv, h), ("attn_v", kv, h),
+                                 ("attn_output", h, q)):  # fmt: skip
+            out[f"{b}{name}.weight"] = ((rows, cols), "Q8_0")
+            out[f"{b}{name}.bias"] = ((rows,), "F32")
+        out[f"{b}attn_sinks.weight"] = ((s.heads,), "F32")
+        out[f"{b}ffn_gate_inp.weight"] = ((experts, h), "F32")
+        out[f"{b}ffn_gate_inp.bias"] = ((experts,), "F32")
+        for name, rows, cols in (("gate", s.ffn, h), ("up", s.ffn, h), ("down", h, s.ffn)):
+            out[f"{b}ffn_{name}_exps.weight"] = ((experts, rows, cols), "MXFP4")
+            out[f"{b}ffn_{name}_exps.bias"] = ((experts, rows), "F32")
+    return out
+
+
 def tensors_of(shape: Shape) -> Tensors:
     """Every tensor of the file: its GGUF name, its shape [rows, cols] (or [n]) and type."""
+    if shape.arch == "gpt-oss":
+        return gpt_oss_tensors(shape)
     h, s = shape.hidden, shape
     out: Tensors = {"token_embd.weight": ((s.vocab, h), "Q6_K")}
     out["token_embd_norm.weight" if s.arch == "lfm2" else "output_norm.weight"] = ((h,), "F32")
@@ -225,7 +283,7 @@ def float_values(name: str, size: tuple[int, ...], rng: np.random.Generator) -> 
         return np.ones(size, dtype=np.float32)
     if name.endswith("ssm_a"):
         return -np.ones(size, dtype=np.float32)
-    if name.endswith("ssm_dt.bias"):
+    if name.endswith("ssm_dt.bias") or name.endswith("s.bias"):  # dt; gpt-oss's experts'
         return np.zeros(size, dtype=np.float32)
     return (rng.standard_normal(size) * 0.1).astype(np.float32)
 
@@ -275,6 +333,10 @@ def write(shape: Shape, out: Path, seed: int = 0) -> Path:
             writer.add_array(name, value)
         elif isinstance(value, int):
             writer.add_uint32(name, value)
+        elif isinstance(value, float):
+            writer.add_float32(name, value)
+        elif isinstance(value, str):
+            writer.add_string(name, value)
         else:
             raise TypeError(f"{name}={value!r}")
     tokens, merges, types = byte_vocabulary(shape.vocab)
@@ -309,8 +371,12 @@ def write_random_tensors(
         else:  # [rows, cols], or stacked experts [experts, rows, cols]
             *stack, rows, cols = size
             count = int(np.prod(stack)) if stack else 1
-            blocks = random_blocks(kind, count * rows, cols, seed=seed + i, scale=scale)
-            blocks = blocks.reshape(*stack, rows, -1)
+            blocks = np.concatenate(  # a stack at a time: a 20B's biggest is 0.2 GB of bytes
+                [
+                    random_blocks(kind, rows, cols, seed=seed + i + 7919 * j, scale=scale)
+                    for j in range(count)
+                ]
+            ).reshape(*stack, rows, -1)
             writer.add_tensor(name, blocks, raw_dtype=gguf.GGMLQuantizationType[kind])
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
@@ -319,7 +385,7 @@ def write_random_tensors(
 
 
 def maker(name: str, folder: Path) -> Callable[[], Path]:
-    return lambda: write(SHAPES[name], folder / f"{name}-q4_k_m.gguf")
+    return lambda: write(SHAPES[name], folder / f"{name}-{MIX.get(name, 'q4_k_m')}.gguf")
 
 
 def main() -> None:
