@@ -47,6 +47,9 @@ def pytest_configure(config: pytest.Config) -> None:
     # in the developer's cache (servers in subprocesses: tests/api/conftest.py's clean_env).
     # tests/runtime/engine/timing/test_timing_cache.py covers the cache with folders of its own.
     os.environ["NANOSERVE_TIMING_CACHE"] = "off"
+    # The same for the experts' packed files (tests/runtime/model/test_expert_arena.py gives
+    # them folders of its own).
+    os.environ["NANOSERVE_EXPERT_CACHE"] = "off"
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

@@ -54,10 +54,12 @@ def free_port() -> int:
 
 def clean_env(**extra: str) -> dict[str, str]:
     """This environment without NANOSERVE_* (a developer's settings must not leak in), and with
-    no timing cache: a test's server times its own steps and leaves no file behind."""
+    no timing or expert cache: a test's server times its own steps, packs its own experts and
+    leaves no file behind."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("NANOSERVE_")}
     env["PYTHONUNBUFFERED"] = "1"
     env["NANOSERVE_TIMING_CACHE"] = "off"
+    env["NANOSERVE_EXPERT_CACHE"] = "off"
     env.update(extra)
     return env
 

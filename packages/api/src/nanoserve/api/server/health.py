@@ -48,7 +48,9 @@ class Health(Struct, kw_only=True):
     task: str = "generate"  # what the model serves: generate, embed or rerank (--task)
     pooler: str | None = None  # how an embedder or a reranker pools; None: it generates
     # A mixture of experts: experts, per_token, routed_layers, types, bytes, touched_share (the
-    # share of the experts' bytes run since boot); None: no experts
+    # share of the experts' bytes run since boot), mapped_from (the file they are mapped from,
+    # None: packed into memory) and reused (that file was packed by an earlier boot); None: no
+    # experts
     experts: dict[str, Any] | None = None
 
     @classmethod

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import torch
 
 from nanoserve.runtime.loading.expert_layers import ExpertLayers
+from nanoserve.runtime.model.expert_arena import ExpertArena
 from nanoserve.runtime.model.int8_weight import Int8Weight
 from nanoserve.runtime.model.quant_weight import QuantLinear
 from nanoserve.runtime.model.weight_forms import Linear, describe_types
@@ -205,8 +206,15 @@ class ExpertUsage:
     """Which experts have run since boot, per routed layer (a flag each: the step thread sets
     them while /health reads, and a flag never resizes)."""
 
-    def __init__(self, layers: Sequence[ExpertWeights], experts: ExpertLayers) -> None:
+    def __init__(
+        self,
+        layers: Sequence[ExpertWeights],
+        experts: ExpertLayers,
+        arena: ExpertArena | None = None,
+    ) -> None:
         self.experts = experts
+        # The file the experts are mapped from (expert_arena.py), or None: packed into memory.
+        self.arena = arena
         self.sizes = [
             [linear_bytes(g) + linear_bytes(d) for g, d in zip(w.gate_up, w.down, strict=True)]
             for w in layers
@@ -242,4 +250,7 @@ class ExpertUsage:
             "types": self.types,
             "bytes": self.total_bytes,
             "touched_share": round(self.touched_share(), 4),
+            # mapped from this file (its pages the OS's), or null: packed into memory
+            "mapped_from": str(self.arena.path) if self.arena is not None else None,
+            "reused": self.arena.reused if self.arena is not None else None,
         }

@@ -44,6 +44,7 @@ from nanoserve.runtime.model.batch_invariance import attention_dtype, invariance
 from nanoserve.runtime.model.delta_net import delta_net
 from nanoserve.runtime.model.device import resolve_device
 from nanoserve.runtime.model.embedding import QuantEmbedding
+from nanoserve.runtime.model.expert_arena import expert_arena
 from nanoserve.runtime.model.experts import ExpertUsage, ExpertWeights, routed_mlp
 from nanoserve.runtime.model.int8_weight import Int8Weight
 from nanoserve.runtime.model.kv_pool import CacheRows
@@ -99,6 +100,8 @@ class LlamaModel:
         small_dtype = torch.float32 if kernel_ops else dtype
         self.kv_cache_dtype = KvCacheDtype.of(torch.float16 if kernel_ops else dtype)
 
+        # A GGUF's experts on the kernels: packed once into a cache file, then mapped.
+        arena = expert_arena(config, weights, quantize, weights_path)
         assembled = assemble_weights(
             config,
             weights,
@@ -106,7 +109,10 @@ class LlamaModel:
             device=self.device,
             quantize=quantize,
             small_dtype=small_dtype,
+            arena=arena,
         )
+        if arena is not None:
+            arena.finish()
         self.embed, self.layers, self.norm = assembled.embed, assembled.layers, assembled.norm
         self.lm_head, self.tied = assembled.lm_head, assembled.tied
         # The rotary tables cover what the deployment serves, not a 128k-position config.
@@ -139,7 +145,7 @@ class LlamaModel:
         self.expert_usage: ExpertUsage | None = None
         if config.experts is not None and routed:
             self.routed_index = {i: n for n, i in enumerate(config.experts.layers)}
-            self.expert_usage = ExpertUsage(routed, config.experts)
+            self.expert_usage = ExpertUsage(routed, config.experts, arena)
         self.weight_types = self._weight_types()  # for the boot line and /health
         # The stored types served in another (re-quantized), or None.
         self.weight_fallbacks = describe_fallbacks(self.quant_weights())

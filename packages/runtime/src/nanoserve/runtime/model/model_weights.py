@@ -22,8 +22,10 @@ from nanoserve.runtime.loading.gguf_blocks import GgufBlocks
 from nanoserve.runtime.loading.model_config import ModelConfig
 from nanoserve.runtime.model.delta_net import DeltaNetWeights
 from nanoserve.runtime.model.embedding import QuantEmbedding
+from nanoserve.runtime.model.expert_arena import ExpertArena
 from nanoserve.runtime.model.experts import ExpertWeights
 from nanoserve.runtime.model.mamba2 import Mamba2Weights
+from nanoserve.runtime.model.quant_weight import QuantLinear
 from nanoserve.runtime.model.weight_forms import KERNEL_FORMS, Linear, Source, dense, make_linear
 
 
@@ -93,9 +95,11 @@ def assemble_weights(
     device: torch.device,
     quantize: str | None,
     small_dtype: torch.dtype,
+    arena: ExpertArena | None = None,
 ) -> ModelWeights:
     """Every weight the forward reads, popped from `weights` (what is left was not used);
-    `small_dtype`: what norms and biases are kept in."""
+    `small_dtype`: what norms and biases are kept in; `arena`: where experts it holds are
+    packed (mapped from its file)."""
     kernel_ops = quantize in KERNEL_FORMS
 
     def source(name: str) -> Source:
@@ -117,6 +121,12 @@ def assemble_weights(
 
     def linear(*names: str, form: str | None = quantize) -> Linear:
         return make_linear([source(n) for n in names], form, dtype, device)
+
+    def expert_linear(*names: str) -> Linear:
+        if arena is None or not all(arena.holds(n) for n in names):
+            return linear(*names)
+        blocks = [source(n) for n in names]
+        return QuantLinear(tuple(arena.place(n, b) for n, b in zip(names, blocks, strict=True)))  # type: ignore[arg-type]
 
     embed = source("model.embed_tokens.weight")
     # Under the kernels a GGUF's table stays in the file, read row by row (embedding.py).
@@ -186,10 +196,12 @@ def assemble_weights(
             experts = ExpertWeights(
                 router=take(f"{p}gate.weight", small_dtype),
                 gate_up=tuple(
-                    linear(f"{p}experts.{j}.gate_proj.weight", f"{p}experts.{j}.up_proj.weight")
+                    expert_linear(
+                        f"{p}experts.{j}.gate_proj.weight", f"{p}experts.{j}.up_proj.weight"
+                    )
                     for j in e
                 ),
-                down=tuple(linear(f"{p}experts.{j}.down_proj.weight") for j in e),
+                down=tuple(expert_linear(f"{p}experts.{j}.down_proj.weight") for j in e),
             )
             if config.experts.expert_bias:
                 experts = replace(experts, bias=take(f"{p}expert_bias", torch.float32))

@@ -315,7 +315,11 @@ def boot_line(engine: Engine, seconds: float) -> str:
     if (usage := engine.runner.model.expert_usage) is not None:
         experts = usage.experts
         parts.insert(
-            -1, f"experts={experts.num_experts}x{len(usage.sizes)} top{experts.experts_per_token}"
+            -1,
+            f"experts={experts.num_experts}x{len(usage.sizes)} top{experts.experts_per_token}"
+            + (
+                "" if usage.arena is None else " mapped" if usage.arena.reused else " packed+mapped"
+            ),
         )
     if (state := engine.state_plan).tensors:
         parts.append(
