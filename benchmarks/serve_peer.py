@@ -146,7 +146,10 @@ def serve_in_turn(
             try:
                 for concurrency in (int(c) for c in args.levels.split(",")):
                     run_level(who, server.url, concurrency, round_, args, results)
-                memory.setdefault(who, after_load(server))  # its first (cold) start's
+                if who not in memory:  # its first (cold) start's, said now: a cut run keeps it
+                    memory[who] = after_load(server)
+                    ready_s, rss, _ = memory[who]
+                    print(f"{who}: ready {ready_s:.1f} s, RSS {rss:,.0f} MiB", flush=True)
             finally:
                 server.stop()
     return results, memory
