@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from nanoserve.runtime.kernels import kernel_ops
 from nanoserve.runtime.loading.checkpoint import load_checkpoint
-from nanoserve.runtime.model import expert_arena as arena_module
 from nanoserve.runtime.model.llama import LlamaModel
 from nanoserve.runtime.model.quant_weight import QuantLinear
 from tests.runtime.paged_logits import paged_logits
@@ -69,14 +69,14 @@ def test_experts_are_packed_once_then_mapped(
     assert torch.equal(paged_logits(first, PROMPT), expected)
 
     packs = 0
-    pack_weight = arena_module.kernel_ops.pack_weight
+    pack_weight = kernel_ops.pack_weight
 
     def counted(*args: object) -> torch.Tensor:
         nonlocal packs
         packs += 1
         return pack_weight(*args)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(arena_module.kernel_ops, "pack_weight", counted)
+    monkeypatch.setattr(kernel_ops, "pack_weight", counted)
     monkeypatch.setenv("NANOSERVE_EXPERT_CACHE", "off")
     served(moe_gguf)
     in_memory_packs, packs = packs, 0

@@ -30,7 +30,6 @@ from pathlib import Path
 
 import torch
 
-from nanoserve.runtime.kernels import kernel_ops
 from nanoserve.runtime.kernels.cpu_kernels import cache_dir as kernel_cache_dir
 from nanoserve.runtime.kernels.cpu_kernels import load_cpu_kernels
 from nanoserve.runtime.loading.convert import default_cache_dir
@@ -150,11 +149,7 @@ class ExpertArena:
         at, size = self.offsets[name]
         view = self.mapped[at : at + size]
         if not self.reused:
-            view.copy_(
-                kernel_ops.pack_weight(
-                    blocks.rows, blocks.ggml.number, blocks.shape[1], blocks.order
-                )
-            )
+            view.copy_(QuantWeight.pack(blocks).packed)
         blocks.done()
         out, width = blocks.shape
         return QuantWeight(view, blocks.kind, out, width, blocks.kind)

@@ -57,26 +57,12 @@ struct MxFormat {
   template <int R>
   static void block(const uint8_t* w, const QuantizedRows& x, int64_t r0, int64_t g,
                     const int8_t* const* xq, F16* acc) {
-    const int64_t at = g * kGroup;
+    // Levels up to 24: a maddubs pair is at most 6,096 and a chunk 12,192, so AVX2's int16
+    // sums take 2 chunks at a time (24,384), as the 5-bit types' do.
     I16 dot[R];
     int32_t start[R];
     for (int r = 0; r < R; ++r) start[r] = -MxLayout::kOffset * x.qsum[(r0 + r) * x.groups + g];
-    // Levels up to 24: a maddubs pair is at most 6,096 and a chunk 12,192, so AVX2's int16
-    // sums take 2 chunks at a time (24,384), as the 5-bit types' do.
-#pragma GCC unroll 2
-    for (int c0 = 0; c0 < 4; c0 += 2) {
-      Narrow sums[R];
-      for (int r = 0; r < R; ++r) sums[r] = c0 == 0 ? n_start(start[r]) : n_start(dot[r]);
-#pragma GCC unroll 2
-      for (int c = c0; c < c0 + 2; ++c) {
-        const B64 packed = b_load(w + 64 * c);
-        const B64 wlo = b_lookup(b_low_nibbles(packed), kLevels);  // inputs 8c..
-        const B64 whi = b_lookup(b_high_nibbles(packed), kLevels);  // inputs 8c+4..
-        for (int r = 0; r < R; ++r)
-          sums[r] = n_add(sums[r], wlo, whi, load_x4(xq[r] + at + 8 * c), load_x4(xq[r] + at + 8 * c + 4));
-      }
-      for (int r = 0; r < R; ++r) dot[r] = c0 == 0 ? n_end(sums[r], start[r]) : n_end(sums[r], dot[r]);
-    }
+    q45_group_dots<R, false, kLevels>(w, xq, g * kGroup, start, dot);
     accumulate<R>(acc, dot, f_load_bf16(reinterpret_cast<const uint16_t*>(w + 256)), nullptr, x, r0, g);
   }
 };

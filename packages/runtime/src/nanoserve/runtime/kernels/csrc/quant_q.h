@@ -94,11 +94,12 @@ inline void chunk_dots(Dots* dots, B64 wlo, B64 whi, const int8_t* const* xq, in
 
 // One group's dot products of the 4- and 5-bit types (L4, and H1 for bit 4), per row, from
 // `start` (a type's offset term, or 0): the 4 chunks summed narrow at once (4-bit levels), or 2
-// by 2 (5-bit).
-template <int R, bool Five>
+// by 2 (5-bit). With a `Table`, each 4-bit code is read through it (b_lookup) as a level of up
+// to 24 (mxfp4, quant_mx.h), and the chunks are summed 2 by 2 as well.
+template <int R, bool Five, const uint8_t* Table = nullptr>
 inline void q45_group_dots(const uint8_t* w, const int8_t* const* xq, int64_t at, const int32_t* start, I16* dot) {
   const B64 h1 = Five ? b_load(w + 256) : B64{};
-  constexpr int kRun = Five ? 2 : 4;  // chunks per narrow sum
+  constexpr int kRun = Five || Table != nullptr ? 2 : 4;  // chunks per narrow sum
   // Unrolled: the shifts of b_field then take constants, and the rows' accumulators stay in
   // registers across chunks (without it GCC kept AVX2's on the stack).
 #pragma GCC unroll 2
@@ -113,6 +114,7 @@ inline void q45_group_dots(const uint8_t* w, const int8_t* const* xq, int64_t at
         wlo = b_or(wlo, b_field(h1, c, 1, 4));
         whi = b_or(whi, b_field(h1, c + 4, 1, 4));
       }
+      if constexpr (Table != nullptr) wlo = b_lookup(wlo, Table), whi = b_lookup(whi, Table);
       for (int r = 0; r < R; ++r)
         sums[r] = n_add(sums[r], wlo, whi, load_x4(xq[r] + at + 8 * c), load_x4(xq[r] + at + 8 * c + 4));
     }
