@@ -189,6 +189,25 @@ TINY_ARCH_OVERRIDES: dict[str, dict[str, Any]] = {
         "num_dense_layers": 1,
         "pad_token_id": None,
     },
+    # Gemma 4: sliding layers (a window of 4, heads of 16) and full ones (one K/V head of 32
+    # whose V is its K, proportional rotary on a quarter of it) alternating; the last two
+    # layers read layers 2's and 3's K/V and run an MLP twice as wide; per-layer inputs of 32
+    # a layer; logits soft-capped at 5 (they reach 9 uncapped)
+    "gemma4": {
+        "head_dim": 16,
+        "global_head_dim": 32,
+        "num_global_key_value_heads": 1,
+        "attention_k_eq_v": True,
+        "num_hidden_layers": 6,
+        "layer_types": ["sliding_attention", "full_attention"] * 3,
+        "sliding_window": 4,
+        "num_kv_shared_layers": 2,
+        "use_double_wide_mlp": True,
+        "hidden_size_per_layer_input": 32,
+        "vocab_size_per_layer_input": TINY_VOCAB_SIZE,
+        "final_logit_softcapping": 5.0,
+        "pad_token_id": None,
+    },
     # OLMoE: the same experts, their weights as the softmax gave them, q and k normed whole
     "olmoe": {
         "num_experts": 4,
@@ -301,6 +320,7 @@ def make_tiny_model_dir(
         "qwen3_5_moe": (transformers.Qwen3_5MoeTextConfig, transformers.Qwen3_5MoeForCausalLM),
         "olmoe": (transformers.OlmoeConfig, transformers.OlmoeForCausalLM),
         "gpt_oss": (transformers.GptOssConfig, transformers.GptOssForCausalLM),
+        "gemma4": (transformers.Gemma4TextConfig, transformers.Gemma4ForCausalLM),
     }[arch]
     geometry = {**_TINY_GEOMETRY, **TINY_ARCH_OVERRIDES.get(arch, {})}
     config = config_cls(**{**geometry, "tie_word_embeddings": tie, **overrides})
@@ -328,6 +348,8 @@ def randomized(model: Any, seed: int) -> Any:
         for name, buffer in model.named_buffers():  # LFM2-MoE's choosing bias: learned, saved
             if name.endswith("expert_bias"):
                 buffer.copy_(torch.randn(buffer.shape, generator=generator) * 0.5)
+            if name.endswith("layer_scalar"):  # Gemma 4's, learned and saved: 0.5 to 1.5
+                buffer.copy_(torch.rand(buffer.shape, generator=generator) + 0.5)
     return model
 
 

@@ -19,13 +19,14 @@ def fresh_pool(model: LlamaModel, max_blocks: int, state_slots: int = 1) -> KVPo
     attention layers'), and `state_slots` slots of its recurrent state (if any)."""
     cfg = model.config
     plan = plan_kv_pool(
-        num_layers=len(cfg.attention_layers),
+        num_layers=len(cfg.kv_layers),
         num_kv_heads=cfg.num_kv_heads,
         head_dim=cfg.head_dim,
         dtype=model.kv_dtype,
         block_size=BLOCK,
         budget_bytes=1 << 28,
         max_blocks=max_blocks,
+        layer_shapes=cfg.kv_layer_shapes,
     )
     return KVPool(plan, states=StatePool(StatePoolPlan(state_slots, cfg.state_shapes)))
 

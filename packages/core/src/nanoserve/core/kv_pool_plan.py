@@ -25,12 +25,31 @@ class KVPoolPlan:
     # How K and V are stored (core/kv_cache_dtype.py); None: both as `dtype`'s float values.
     # A pool of GGUF blocks has dtype uint8.
     forms: KvCacheDtype | None = None
+    # Each layer's own (kv_heads, head_dim) where layers differ (Gemma 4's full layers keep
+    # fewer, wider heads than its sliding ones); (): every layer is (num_kv_heads, head_dim).
+    layer_shapes: tuple[tuple[int, int], ...] = ()
 
     def __post_init__(self) -> None:
         if self.forms is not None and self.forms.torch_dtype != self.dtype:
             raise GeometryError(
                 f"a {self.forms} pool stores {self.forms.torch_dtype}, not {self.dtype}"
             )
+        if self.layer_shapes and len(self.layer_shapes) != self.num_layers:
+            raise GeometryError(
+                f"{len(self.layer_shapes)} layer shapes for a pool of {self.num_layers} layers"
+            )
+        for heads, dim in self.layer_shapes:
+            require_positive(layer_kv_heads=heads, layer_head_dim=dim)
+
+    def layer_shape(self, layer: int) -> tuple[int, int]:
+        """(kv_heads, head_dim) of one layer's K and V."""
+        if self.layer_shapes:
+            return self.layer_shapes[layer]
+        return self.num_kv_heads, self.head_dim
+
+    def layer_row_bytes(self, layer: int) -> int:
+        """One slot's K and V of one head of `layer`."""
+        return self.kv_cache_dtype.row_bytes(self.layer_shape(layer)[1])
 
     @property
     def kv_cache_dtype(self) -> KvCacheDtype:
@@ -53,7 +72,12 @@ class KVPoolPlan:
     @property
     def bytes_per_slot(self) -> int:
         """K and V of one token position across every layer."""
-        return self.num_layers * self.num_kv_heads * self.row_bytes
+        if not self.layer_shapes:
+            return self.num_layers * self.num_kv_heads * self.row_bytes
+        return sum(
+            heads * self.layer_row_bytes(layer)
+            for layer, (heads, _) in enumerate(self.layer_shapes)
+        )
 
     @property
     def bytes_per_block(self) -> int:
@@ -63,8 +87,11 @@ class KVPoolPlan:
     def total_bytes(self) -> int:
         return self.bytes_per_slot * (self.num_slots + 1)
 
-    def as_dict(self) -> dict[str, int | str]:
-        return {
+    def as_dict(self) -> dict[str, int | str | list[list[int]]]:
+        shapes: dict[str, int | str | list[list[int]]] = (
+            {"layer_shapes": [list(s) for s in self.layer_shapes]} if self.layer_shapes else {}
+        )
+        return shapes | {
             "num_layers": self.num_layers,
             "num_kv_heads": self.num_kv_heads,
             "head_dim": self.head_dim,
@@ -89,6 +116,7 @@ def plan_kv_pool(
     budget_bytes: int,
     max_blocks: int | None = None,
     forms: KvCacheDtype | None = None,
+    layer_shapes: tuple[tuple[int, int], ...] = (),
 ) -> KVPoolPlan:
     """The largest pool whose blocks and sink slot fit budget_bytes (capped at max_blocks)."""
     require_positive(
@@ -96,7 +124,7 @@ def plan_kv_pool(
     )
     if max_blocks is not None:
         require_positive(max_blocks=max_blocks)
-    unit = KVPoolPlan(num_layers, num_kv_heads, head_dim, dtype, block_size, 1, forms)
+    unit = KVPoolPlan(num_layers, num_kv_heads, head_dim, dtype, block_size, 1, forms, layer_shapes)
     if budget_bytes < 0:
         raise GeometryError(f"budget_bytes must be >= 0, got {budget_bytes}")
     num_blocks = (budget_bytes - unit.bytes_per_slot) // unit.bytes_per_block
@@ -107,4 +135,6 @@ def plan_kv_pool(
         )
     if max_blocks is not None:
         num_blocks = min(num_blocks, max_blocks)
-    return KVPoolPlan(num_layers, num_kv_heads, head_dim, dtype, block_size, num_blocks, forms)
+    return KVPoolPlan(
+        num_layers, num_kv_heads, head_dim, dtype, block_size, num_blocks, forms, layer_shapes
+    )

@@ -56,13 +56,15 @@ def trace_recorded_steps(
         batch_invariant=batch_invariant,
         max_positions=max_model_len,
     )
+    widest_kv = max((h * d for h, d in config.kv_layer_shapes), default=config.kv_size)
     pool_plan = plan_kv_pool(
-        num_layers=len(config.attention_layers),
+        num_layers=len(config.kv_layers),
         num_kv_heads=config.num_kv_heads,
         head_dim=config.head_dim,
         dtype=model.kv_dtype,
         block_size=block_size,
-        budget_bytes=max_batch * max_model_len * config.num_layers * config.kv_size * 2 * 4,
+        budget_bytes=max_batch * max_model_len * config.num_layers * widest_kv * 2 * 4,
+        layer_shapes=config.kv_layer_shapes,
     )
     # A hybrid's recurrent state on the device too: its padded rows read and write the sink.
     states = StatePool(StatePoolPlan(max_batch, config.state_shapes), TRACE_DEVICE)

@@ -199,7 +199,10 @@ def expected_tensor_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
     q_rows = 2 * config.q_size if config.attn_output_gate else config.q_size
     for i in range(config.num_layers):
         attn, mlp = f"model.layers.{i}.self_attn", f"model.layers.{i}.mlp"
-        if conv is not None and i in conv.layers:  # LFM2's gated short convolution
+        inter = config.layer_intermediate_size(i)
+        if config.architecture == "gemma4":  # heads of each layer's own shape, shared K/V
+            shapes.update(gemma4_attention_shapes(config, i))
+        elif conv is not None and i in conv.layers:  # LFM2's gated short convolution
             shapes.update(short_conv_shapes(f"model.layers.{i}.conv", hidden, conv))
         elif delta is not None and i in delta.layers:  # Qwen3.5's gated DeltaNet
             shapes.update(delta_net_shapes(f"model.layers.{i}.linear_attn", hidden, delta))
@@ -212,6 +215,8 @@ def expected_tensor_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
             shapes[f"{attn}.k_proj.weight"] = (config.kv_size, hidden)
             shapes[f"{attn}.v_proj.weight"] = (config.kv_size, hidden)
         attends = i not in config.recurrent_layers
+        own_heads = config.architecture == "gemma4"  # its attention's tensors are all above
+        attends = attends and not own_heads
         if config.attention_bias and attends:
             shapes[f"{attn}.q_proj.bias"] = (config.q_size,)
             shapes[f"{attn}.k_proj.bias"] = (config.kv_size,)
@@ -239,7 +244,18 @@ def expected_tensor_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
             shapes[f"{attn}.k_norm.weight"] = (config.kv_size,)
         for norm in layer_norm_names(config):
             shapes[f"model.layers.{i}.{norm}.weight"] = (hidden,)
+        if config.per_layer_inputs is not None:
+            width = config.per_layer_inputs.width
+            shapes[f"model.layers.{i}.per_layer_input_gate.weight"] = (width, hidden)
+            shapes[f"model.layers.{i}.per_layer_projection.weight"] = (hidden, width)
+        if config.layer_scalar:
+            shapes[f"model.layers.{i}.layer_scalar"] = (1,)
     shapes["model.norm.weight"] = (hidden,)
+    if config.per_layer_inputs is not None:
+        p, packed = config.per_layer_inputs, config.num_layers * config.per_layer_inputs.width
+        shapes["model.embed_tokens_per_layer.weight"] = (p.vocab_size, packed)
+        shapes["model.per_layer_model_projection.weight"] = (packed, hidden)
+        shapes["model.per_layer_projection_norm.weight"] = (p.width,)
     if not config.tie_word_embeddings:
         shapes["lm_head.weight"] = (config.vocab_size, hidden)
     return shapes
@@ -300,17 +316,35 @@ def mamba2_shapes(prefix: str, hidden: int, mamba: Mamba2Layers) -> dict[str, tu
     return shapes
 
 
+def gemma4_attention_shapes(config: ModelConfig, i: int) -> dict[str, tuple[int, ...]]:
+    """A Gemma 4 layer's attention tensors: q, k and v of its own head shape (a full layer's
+    V is its K with `k_eq_v`), per-head norms; a K/V-sharing layer has q and its norm only."""
+    attn, hidden = f"model.layers.{i}.self_attn", config.hidden_size
+    dim, kv = config.layer_head_dim(i), config.layer_kv_heads(i) * config.layer_head_dim(i)
+    q = config.num_heads * dim
+    shapes = {f"{attn}.q_proj.weight": (q, hidden), f"{attn}.q_norm.weight": (dim,)}
+    if i not in config.shared_kv_layers:
+        shapes[f"{attn}.k_proj.weight"] = (kv, hidden)
+        if not (config.k_eq_v and config.is_full_layer(i)):
+            shapes[f"{attn}.v_proj.weight"] = (kv, hidden)
+        shapes[f"{attn}.k_norm.weight"] = (dim,)
+    shapes[f"{attn}.o_proj.weight"] = (hidden, q)
+    return shapes
+
+
 def layer_norm_names(config: ModelConfig) -> tuple[str, ...]:
     """A layer's RMSNorms by Hugging Face name: Llama's two (before attention, before the MLP);
     with sandwich norms (Gemma 3) four, where `post_attention_layernorm` normalises attention's
     output and `pre_feedforward_layernorm` is the one before the MLP."""
     if config.sandwich_norm:
-        return (
+        sandwich = (
             "input_layernorm",
             "post_attention_layernorm",
             "pre_feedforward_layernorm",
             "post_feedforward_layernorm",
         )
+        extra = ("post_per_layer_input_norm",) if config.per_layer_inputs is not None else ()
+        return sandwich + extra
     return ("input_layernorm", "post_attention_layernorm")
 
 

@@ -26,6 +26,7 @@ DEFAULT_MAX_POSITIONS: dict[str, int] = {
     "qwen3": 32768,
     "mistral": 131072,
     "gemma3": 131072,
+    "gemma4": 131072,
     "smollm3": 32768,
     "phi3": 4096,
     "lfm2": 128_000,
@@ -40,8 +41,9 @@ DEFAULT_RMS_NORM_EPS = 1e-6
 
 def activation(arch: str, config_json: Mapping[str, Any], source: str) -> Activation:
     """The MLP's gate: SiLU, or tanh-approximate GELU (Gemma's `hidden_activation`)."""
-    act = config_json.get("hidden_activation" if arch == "gemma3" else "hidden_act")
-    act = act or ("gelu_pytorch_tanh" if arch == "gemma3" else "silu")
+    gemma = arch in ("gemma3", "gemma4")
+    act = config_json.get("hidden_activation" if gemma else "hidden_act")
+    act = act or ("gelu_pytorch_tanh" if gemma else "silu")
     if act not in ACTIVATIONS:
         raise UnsupportedModelError(
             source, f"hidden_act={act!r} (supported: {', '.join(ACTIVATIONS)})"
@@ -54,6 +56,8 @@ def check_unbuilt_fields(arch: str, config_json: Mapping[str, Any], source: str)
     if config_json.get("mlp_bias", False):
         raise UnsupportedModelError(source, "mlp_bias=True is not supported")
     for name in ("final_logit_softcapping", "attn_logit_softcapping"):
+        if arch == "gemma4" and name == "final_logit_softcapping":
+            continue  # Gemma 4's is built (ModelConfig.final_logit_softcap)
         if config_json.get(name) is not None:
             raise UnsupportedModelError(source, f"{name}={config_json[name]!r} is not supported")
     if config_json.get("use_bidirectional_attention") and arch != "gemma3":

@@ -27,6 +27,7 @@ from nanoserve.runtime.loading.layer_pattern import (
     no_rope_layers,
     sliding_window,
 )
+from nanoserve.runtime.loading.per_layer_inputs import gemma4_fields, gemma4_text_config
 from nanoserve.runtime.loading.recurrent_layers import (
     granite_mamba,
     lfm2_intermediate_size,
@@ -49,6 +50,9 @@ def hf_model_fields(
         return encoder_fields(config_json, source)
     if model_type in ("qwen3_5", "qwen3_5_moe"):  # with the vision tower: the text is read
         config_json = qwen3_5_text_config(config_json, source)
+        model_type = config_json.get("model_type")
+    if model_type == "gemma4":  # with its vision and audio towers: the text is read
+        config_json = gemma4_text_config(config_json, source)
         model_type = config_json.get("model_type")
     if model_type == "gemma3":  # the multimodal checkpoint: a vision tower beside the text
         raise UnsupportedModelError(
@@ -100,7 +104,9 @@ def hf_model_fields(
     if eos is None:
         eos = config_json.get("eos_token_id")
     bos = (generation_config or {}).get("bos_token_id", config_json.get("bos_token_id"))
-    gemma = arch == "gemma3"
+    gemma4 = arch == "gemma4"
+    gemma = arch in ("gemma3", "gemma4")
+    extra = gemma4_fields(config_json, num_layers, kinds, source) if gemma4 else {}
 
     return dict(
         architecture=arch,
@@ -129,14 +135,16 @@ def hf_model_fields(
         eos_token_ids=token_ids(eos, "eos_token_id", source),
         bos_token_id=bos,
         hidden_act=act,
-        qk_norm=arch in ("qwen3", "gemma3", "lfm2", "qwen3_5", "qwen3_moe"),
+        qk_norm=arch in ("qwen3", "gemma3", "gemma4", "lfm2", "qwen3_5", "qwen3_moe"),
         projection_qk_norm=arch == "olmoe",
         sandwich_norm=gemma,
-        norm_offset=1.0 if gemma or qwen3_5 else 0.0,
+        norm_offset=1.0 if arch == "gemma3" or qwen3_5 else 0.0,
         embedding_multiplier=float(hidden_size) ** 0.5
         if gemma
         else granite_number(config_json, "embedding_multiplier", granite, source),
-        query_scale=float(config_json.get("query_pre_attn_scalar", 256)) ** -0.5
+        query_scale=1.0  # Gemma 4: its q and k norms set the scale
+        if gemma4
+        else float(config_json.get("query_pre_attn_scalar", 256)) ** -0.5
         if gemma
         else granite_number(config_json, "attention_multiplier", granite, source)
         if granite
@@ -158,4 +166,5 @@ def hf_model_fields(
         residual_multiplier=granite_number(config_json, "residual_multiplier", granite, source),
         logits_scaling=granite_number(config_json, "logits_scaling", granite, source),
         bidirectional=bidirectional,
+        **extra,
     )

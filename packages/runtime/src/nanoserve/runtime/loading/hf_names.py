@@ -14,7 +14,8 @@ Mamba2 layers keep their own names (`mamba.*`).
 Qwen3.5 keeps Qwen's names (its DeltaNet layers' are `linear_attn.*`), but its checkpoint with a
 vision tower nests the language model under `model.language_model.`, beside `model.visual.`
 (the tower) and `mtp.` (multi-token-prediction heads): those two are parts the loader skips,
-each named at boot, as vLLM's `--language-model-only` skips the tower.
+each named at boot, as vLLM's `--language-model-only` skips the tower. Gemma 4's checkpoint
+with its towers nests it the same way, beside its vision and audio towers and embedders.
 """
 
 from __future__ import annotations
@@ -46,11 +47,18 @@ RENAMES: dict[str, tuple[tuple[str, str], ...]] = {
     "gpt_oss": ((".mlp.router.", ".mlp.gate."),),  # its experts are stacked: hf_stacked.py
 }
 PREFIXES: dict[str, tuple[tuple[str, str], ...]] = {
-    "qwen3_5": (("model.language_model.", "model."),)
+    "qwen3_5": (("model.language_model.", "model."),),
+    "gemma4": (("model.language_model.", "model."),),
 }
 # Parts of a checkpoint that are not the language model: skipped at load, named at boot.
 SKIPPED_PARTS: dict[str, tuple[tuple[str, str], ...]] = {
     "qwen3_5": (("model.visual.", "vision tower"), ("mtp.", "MTP heads")),
+    "gemma4": (
+        ("model.vision_tower.", "vision tower"),
+        ("model.audio_tower.", "audio tower"),
+        ("model.embed_vision.", "vision embedder"),
+        ("model.embed_audio.", "audio embedder"),
+    ),
 }
 FINAL_NORMS: dict[str, str] = {"lfm2": "model.embedding_norm.weight"}
 

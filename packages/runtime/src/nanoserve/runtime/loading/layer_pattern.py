@@ -34,7 +34,7 @@ def layer_types(
     if given is None:
         if arch == "granitemoehybrid":  # transformers' default: every layer Mamba2
             return [MAMBA] * num_layers
-        if arch == "gemma3":
+        if arch in ("gemma3", "gemma4"):
             pattern = config_json.get("sliding_window_pattern", GEMMA3_SLIDING_PATTERN)
             return ["full" if (i + 1) % pattern == 0 else "sliding" for i in range(num_layers)]
         if arch in ("qwen2", "qwen3", "qwen3_moe") and config_json.get("use_sliding_window"):

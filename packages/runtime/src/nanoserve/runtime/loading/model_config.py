@@ -33,6 +33,7 @@ from nanoserve.runtime.loading.encoder_layers import (
 )
 from nanoserve.runtime.loading.expert_layers import ExpertLayers
 from nanoserve.runtime.loading.hf_fields import hf_model_fields
+from nanoserve.runtime.loading.per_layer_inputs import PerLayerInputs, check_gemma4
 from nanoserve.runtime.loading.recurrent_layers import (
     DeltaNetLayers,
     Mamba2Layers,
@@ -90,6 +91,20 @@ class ModelConfig:
     # Attention reads each whole input both ways and keeps no K/V (EmbeddingGemma's Gemma 3);
     # a sliding layer then sees `sliding_window` tokens on each side, itself included.
     bidirectional: bool = False
+    # -- Gemma 4's deltas (per_layer_inputs.py reads them) ---------------------------------
+    full_head_dim: int | None = None  # the full-attention layers' own head_dim (512)
+    full_kv_heads: int | None = None  # and their own K/V heads, where they differ
+    # Proportional rotary on the full layers: the first `fraction` of each head's frequency
+    # pairs turn (at exponents of the whole head_dim), the rest stand still.
+    full_rope_fraction: float | None = None
+    # Layers that read the K/V of the last earlier layer of their kind and write none.
+    shared_kv_layers: tuple[int, ...] = ()
+    k_eq_v: bool = False  # a full layer's V is its K projection (no v_proj; `attention_k_eq_v`)
+    v_norm: bool = False  # an RMSNorm without weight on each V head
+    double_wide_mlp: bool = False  # the K/V-sharing layers' MLP is twice intermediate_size
+    per_layer_inputs: PerLayerInputs | None = None  # a second embedding, a slice per layer
+    layer_scalar: bool = False  # each layer's output times its learned scalar
+    final_logit_softcap: float | None = None  # logits = cap * tanh(logits / cap)
 
     def __post_init__(self) -> None:
         self.check("ModelConfig")  # `from_hf` re-raises naming the file it read
@@ -156,6 +171,47 @@ class ModelConfig:
     def state_shapes(self) -> tuple[tuple[int, ...], ...]:
         """One state slot's tensors, every recurrent layer's in layer order (none: no state)."""
         return tuple(s for layer in self.recurrent_layers for s in self.layer_state_shapes(layer))
+
+    def is_full_layer(self, layer: int) -> bool:
+        """An attention layer that sees its whole context (not a sliding one)."""
+        return layer not in self.sliding_layers and layer not in self.recurrent_layers
+
+    def layer_head_dim(self, layer: int) -> int:
+        """The head_dim of `layer`'s q, k and v: Gemma 4's full layers have their own."""
+        if self.full_head_dim is not None and self.is_full_layer(layer):
+            return self.full_head_dim
+        return self.head_dim
+
+    def layer_kv_heads(self, layer: int) -> int:
+        """The K/V heads of `layer`: Gemma 4's full layers may have their own."""
+        if self.full_kv_heads is not None and self.is_full_layer(layer):
+            return self.full_kv_heads
+        return self.num_kv_heads
+
+    def kv_source(self, layer: int) -> int:
+        """The layer whose K/V `layer` reads: itself, or for a K/V-sharing layer the last
+        layer of its kind (sliding or full) before the sharing ones."""
+        if layer not in self.shared_kv_layers:
+            return layer
+        first = min(self.shared_kv_layers)
+        sliding = layer in self.sliding_layers
+        return max(i for i in range(first) if (i in self.sliding_layers) == sliding)
+
+    @property
+    def kv_layers(self) -> tuple[int, ...]:
+        """The attention layers that write K/V: each holds a layer of the pool."""
+        return tuple(i for i in self.attention_layers if i not in self.shared_kv_layers)
+
+    @property
+    def kv_layer_shapes(self) -> tuple[tuple[int, int], ...]:
+        """(kv_heads, head_dim) of each K/V-holding layer, where they differ; else ()."""
+        shapes = tuple((self.layer_kv_heads(i), self.layer_head_dim(i)) for i in self.kv_layers)
+        return shapes if len(set(shapes)) > 1 else ()
+
+    def layer_intermediate_size(self, layer: int) -> int:
+        """The MLP's width on `layer`: twice the config's on Gemma 4's K/V-sharing layers."""
+        wide = self.double_wide_mlp and layer in self.shared_kv_layers
+        return self.intermediate_size * (2 if wide else 1)
 
     def layer_window(self, layer: int) -> int | None:
         """The sliding window of `layer`, or None where it attends to its whole context."""
@@ -246,6 +302,7 @@ class ModelConfig:
         for name in ("attn_output_gate", "attention_sinks", "output_bias"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(source, f"{name}={getattr(self, name)!r} must be a bool")
+        check_gemma4(self, source)
 
     @classmethod
     def from_hf(

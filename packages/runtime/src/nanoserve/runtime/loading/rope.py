@@ -17,6 +17,7 @@ DEFAULT_ROPE_THETA: dict[str, float] = {
     "qwen3": 10000.0,
     "mistral": 10000.0,
     "gemma3": 1_000_000.0,
+    "gemma4": 1_000_000.0,
     "smollm3": 2_000_000.0,
     "phi3": 10000.0,
     "lfm2": 1_000_000.0,
@@ -102,7 +103,7 @@ def parse_rope(arch: str, config_json: Mapping[str, Any], source: str) -> Rope:
     if not isinstance(params, Mapping):
         raise ConfigError(source, f"rope_parameters={params!r} must be an object")
     sliding_theta = None
-    if arch == "gemma3":
+    if arch in ("gemma3", "gemma4"):
         local = params.get("sliding_attention") or {}
         params = params.get("full_attention", params)
         if config_json.get("rope_scaling"):  # 4.x: the global layers' scaling only
@@ -121,6 +122,8 @@ def parse_rope(arch: str, config_json: Mapping[str, Any], source: str) -> Rope:
     if isinstance(partial, bool) or not isinstance(partial, int | float) or not 0 < partial <= 1:
         raise ConfigError(source, f"partial_rotary_factor={partial!r} must be in (0, 1]")
     rope_type = params.get("rope_type", params.get("type", "default"))
+    if arch == "gemma4" and rope_type == "proportional":  # ModelConfig.full_rope_fraction
+        rope_type, partial = "default", 1.0
     if rope_type == "su":  # Phi-3's first name for longrope
         rope_type = "longrope"
     scaling: Scaling | None

@@ -21,7 +21,8 @@ from nanoserve.runtime.model.state_pool import StatePool
 
 
 class KVPool:
-    """Layer l's K/V live in one tensor [2, num_slots + 1, kv_heads, head_dim].
+    """Layer l's K/V live in one tensor [2, num_slots + 1, kv_heads, head_dim] (the layer's
+    own heads and head_dim where the plan's layers differ).
 
     K and V share a tensor so a layer's write is one indexed copy; slots come first so a
     gather copies whole [kv_heads, head_dim] rows. The last entry is the sink slot:
@@ -78,10 +79,11 @@ class KVPool:
         pool = self._layers[layer]
         if pool is None:
             plan = self.plan
+            heads, head_dim = plan.layer_shape(layer)
             shape = (
-                (plan.num_slots + 1, plan.num_kv_heads, plan.row_bytes)
+                (plan.num_slots + 1, heads, plan.layer_row_bytes(layer))
                 if self.blocks
-                else (2, plan.num_slots + 1, plan.num_kv_heads, plan.head_dim)
+                else (2, plan.num_slots + 1, heads, head_dim)
             )
             pool = zeroed(shape, plan.dtype, self.device)
             self._layers[layer] = pool

@@ -1,6 +1,7 @@
-"""A layer's attention as the forward runs it: its window and its rotary table, derived from
-the config once (Gemma 3's sliding layers and their own base, SmolLM3's layers without
-rotary). The cos/sin tables they index are model/rotary.py's."""
+"""A layer's attention as the forward runs it: its window, its rotary table and its heads'
+shape, derived from the config once (Gemma 3's sliding layers and their own base, SmolLM3's
+layers without rotary, Gemma 4's full layers with heads of their own, and its layers that
+read another's K/V). The cos/sin tables they index are model/rotary.py's."""
 
 from __future__ import annotations
 
@@ -10,21 +11,43 @@ from nanoserve.runtime.loading.model_config import ModelConfig
 
 
 @dataclass(frozen=True, slots=True)
+class Heads:
+    """The shape of a layer's q, k and v: query heads over K/V heads, each head_dim wide."""
+
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+
+    @property
+    def q_size(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_size(self) -> int:
+        return self.num_kv_heads * self.head_dim
+
+
+@dataclass(frozen=True, slots=True)
 class LayerKind:
     """A layer's attention: the tokens a query sees (its last `window` positions, itself
-    included; None: all of them) and which rotary table turns q and k (None: no rotary)."""
+    included; None: all of them), which rotary table turns q and k (None: no rotary), its
+    heads, and whether it reads an earlier layer's K/V (computing q only, writing none)."""
 
     window: int | None
     rotary: int | None
+    heads: Heads
+    shares_kv: bool = False
 
 
 def layer_kinds(config: ModelConfig) -> tuple[LayerKind, ...]:
-    """Each layer's attention: its window (None: the whole context) and its rotary table (0:
-    the global base; 1: the sliding layers' own base; None: no rotary)."""
+    """Each layer's attention: its window (None: the whole context), its rotary table (0:
+    the global base; 1: the sliding layers' own base; None: no rotary) and its heads."""
     own_base = config.sliding_rope_theta is not None
     kinds = []
     for i in range(config.num_layers):
         window = config.layer_window(i)
         rotary = None if i in config.no_rope_layers else int(window is not None and own_base)
-        kinds.append(LayerKind(window=window, rotary=rotary))
+        heads = Heads(config.num_heads, config.layer_kv_heads(i), config.layer_head_dim(i))
+        shares = i in config.shared_kv_layers
+        kinds.append(LayerKind(window=window, rotary=rotary, heads=heads, shares_kv=shares))
     return tuple(kinds)

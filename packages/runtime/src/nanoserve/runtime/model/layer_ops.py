@@ -25,6 +25,7 @@ from nanoserve.core import DecodePlan, PrefillPlan
 from nanoserve.runtime.kernels import kernel_ops
 from nanoserve.runtime.loading.model_config import ModelConfig
 from nanoserve.runtime.model.kv_pool import CacheRows
+from nanoserve.runtime.model.layer_kind import Heads
 
 Plan = DecodePlan | PrefillPlan
 Rotary = tuple[torch.Tensor, torch.Tensor]
@@ -56,6 +57,8 @@ class LayerOps(Protocol):
         rotary: Rotary | None,
         plan: Plan,
         qk_norms: QKNorms | None = None,
+        heads: Heads | None = None,
+        v_norm: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """As `rotate_and_cache`, keeping nothing: q, k and v, [tokens, (kv_)heads, head_dim]
         (a model that reads whole inputs)."""
@@ -69,9 +72,19 @@ class LayerOps(Protocol):
         cache: CacheRows,
         layer: int,
         qk_norms: QKNorms | None = None,
+        heads: Heads | None = None,
+        v_norm: bool = False,
     ) -> torch.Tensor:
         """The q and k heads normalised (if given), then rotary on them (if any), the new K/V
-        into the pool; returns q, [tokens, heads * head_dim]."""
+        into the pool; returns q, [tokens, heads * head_dim]. `heads`: the layer's shape (None:
+        the config's); `v_norm`: each V head RMS-normed without a weight (Gemma 4)."""
+        ...
+
+    def rotate_query(
+        self, q: torch.Tensor, rotary: Rotary | None, plan: Plan, norm: torch.Tensor, heads: Heads
+    ) -> torch.Tensor:
+        """A K/V-sharing layer's q ([tokens, heads * head_dim]) normed per head and turned:
+        it computes no k or v, and writes nothing."""
         ...
 
     def attention(
@@ -82,6 +95,7 @@ class LayerOps(Protocol):
         layer: int,
         window: int | None,
         sinks: torch.Tensor | None = None,
+        heads: Heads | None = None,
     ) -> torch.Tensor:
         """Each token over its visible slots (within its window, if any; with `sinks` [heads],
         a logit per head in the softmax's denominator): [tokens, heads * head_dim] in the
@@ -136,10 +150,20 @@ class TorchOps:
         cache: CacheRows,
         layer: int,
         qk_norms: QKNorms | None = None,
+        heads: Heads | None = None,
+        v_norm: bool = False,
     ) -> torch.Tensor:
-        q, k, v = self.rotate(qkv, rotary, plan, qk_norms)
+        q, k, v = self.rotate(qkv, rotary, plan, qk_norms, heads, v_norm)
         cache.write(layer, plan, k, v)
-        return q.reshape(qkv.shape[0], self.config.q_size)
+        return q.reshape(qkv.shape[0], q.shape[1] * q.shape[2])
+
+    def rotate_query(
+        self, q: torch.Tensor, rotary: Rotary | None, plan: Plan, norm: torch.Tensor, heads: Heads
+    ) -> torch.Tensor:
+        q = self.rms_norm(q.view(q.shape[0], heads.num_heads, heads.head_dim), norm)
+        if rotary is not None:
+            q = _rotate(q, *rotary)
+        return q.reshape(q.shape[0], heads.q_size)
 
     def rotate(
         self,
@@ -147,10 +171,16 @@ class TorchOps:
         rotary: Rotary | None,
         plan: Plan,
         qk_norms: QKNorms | None = None,
+        heads: Heads | None = None,
+        v_norm: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        q, k, v = split_heads(qkv, self.config)
+        q, k, v = split_heads(qkv, heads or config_heads(self.config))
         if qk_norms is not None:
             q, k = self.rms_norm(q, qk_norms[0]), self.rms_norm(k, qk_norms[1])
+        if v_norm:
+            vf = v.float()
+            eps = self.config.rms_norm_eps
+            v = (vf * torch.rsqrt(vf.pow(2).mean(-1, keepdim=True) + eps)).to(v.dtype)
         if rotary is not None:
             q, k = _rotate(q, *rotary), _rotate(k, *rotary)
         return q, k, v
@@ -163,11 +193,14 @@ class TorchOps:
         layer: int,
         window: int | None,
         sinks: torch.Tensor | None = None,
+        heads: Heads | None = None,
     ) -> torch.Tensor:
-        cfg = self.config
-        heads = q.view(q.shape[0], cfg.num_heads, cfg.head_dim)
-        out = cache.paged_attention(layer, heads, plan, self.scale, self.accum_dtype, window, sinks)
-        return out.to(q.dtype).reshape(q.shape[0], cfg.q_size)
+        shape = heads or config_heads(self.config)
+        per_head = q.view(q.shape[0], shape.num_heads, shape.head_dim)
+        out = cache.paged_attention(
+            layer, per_head, plan, self.scale, self.accum_dtype, window, sinks
+        )
+        return out.to(q.dtype).reshape(q.shape[0], shape.q_size)
 
     def gated_act(self, gate_up: torch.Tensor) -> torch.Tensor:
         gate, up = gate_up.chunk(2, dim=-1)
@@ -176,14 +209,17 @@ class TorchOps:
         return F.silu(gate) * up
 
 
-def split_heads(
-    qkv: torch.Tensor, config: ModelConfig
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def config_heads(config: ModelConfig) -> Heads:
+    """The config's heads: every layer's, where layers do not differ."""
+    return Heads(config.num_heads, config.num_kv_heads, config.head_dim)
+
+
+def split_heads(qkv: torch.Tensor, heads: Heads) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The qkv projection's output as q, k and v heads: [tokens, (kv_)heads, head_dim] views."""
-    tokens, q_size, kv_size = qkv.shape[0], config.q_size, config.kv_size
-    q = qkv[:, :q_size].view(tokens, config.num_heads, config.head_dim)
-    k = qkv[:, q_size : q_size + kv_size].view(tokens, config.num_kv_heads, config.head_dim)
-    v = qkv[:, q_size + kv_size :].view(tokens, config.num_kv_heads, config.head_dim)
+    tokens, q_size, kv_size, dim = qkv.shape[0], heads.q_size, heads.kv_size, heads.head_dim
+    q = qkv[:, :q_size].view(tokens, heads.num_heads, dim)
+    k = qkv[:, q_size : q_size + kv_size].view(tokens, heads.num_kv_heads, dim)
+    v = qkv[:, q_size + kv_size :].view(tokens, heads.num_kv_heads, dim)
     return q, k, v
 
 
@@ -213,6 +249,9 @@ class CpuKernelOps:
         self.eps = config.rms_norm_eps
         self.scale = config.attention_scale
         self.ops = kernel_ops
+        # v_norm's weight of ones, per head_dim: made here, never inside a recorded step.
+        dims = {config.head_dim, config.full_head_dim or config.head_dim}
+        self.unit_norms = {d: torch.ones(d) for d in dims} if config.v_norm else {}
 
     def residual(self, embeddings: torch.Tensor) -> torch.Tensor:
         return embeddings.float()
@@ -236,17 +275,40 @@ class CpuKernelOps:
         cache: CacheRows,
         layer: int,
         qk_norms: QKNorms | None = None,
+        heads: Heads | None = None,
+        v_norm: bool = False,
     ) -> torch.Tensor:
-        cfg = self.config
+        shape = heads or config_heads(self.config)
         if qk_norms is not None:
-            self.ops.head_rms_norm(qkv, *qk_norms, cfg.num_heads, cfg.num_kv_heads, self.eps)
+            self.ops.head_rms_norm(qkv, *qk_norms, shape.num_heads, shape.num_kv_heads, self.eps)
+        if v_norm:
+            self._norm_v(qkv, shape)
         rotary = rotary or self.identity
         assert rotary is not None  # a layer without rotary exists only where identity does
         kv = cache.storage(layer, plan)  # [2, slots + 1, kv_heads, head_dim], or blocks
         self.ops.rope_write_kv(
-            qkv, plan.positions, *rotary, kv, plan.write_slots, cfg.num_heads, cache.kernel_types
-        )
-        return qkv[:, : cfg.q_size]  # a view: rows keep qkv's stride
+            qkv, plan.positions, *rotary, kv, plan.write_slots, shape.num_heads,
+            cache.kernel_types,
+        )  # fmt: skip
+        return qkv[:, : shape.q_size]  # a view: rows keep qkv's stride
+
+    def _norm_v(self, qkv: torch.Tensor, heads: Heads) -> None:
+        """In place: each V head of qkv RMS-normed, without a weight (Gemma 4's v_norm)."""
+        start, dim = heads.q_size + heads.kv_size, heads.head_dim
+        v = qkv[:, start:].reshape(-1, dim).contiguous()
+        normed = self.ops.rms_norm(v, self.unit_norms[dim], self.eps)
+        qkv[:, start:] = normed.view(qkv.shape[0], -1)
+
+    def rotate_query(
+        self, q: torch.Tensor, rotary: Rotary | None, plan: Plan, norm: torch.Tensor, heads: Heads
+    ) -> torch.Tensor:
+        tokens = q.shape[0]
+        q = self.ops.rms_norm(q.reshape(-1, heads.head_dim).contiguous(), norm, self.eps)
+        q = q.view(tokens, heads.num_heads, heads.head_dim)
+        if rotary is not None:  # the whole tables: gathered here at the plan's positions
+            cos, sin = (t[plan.positions][:, None, :] for t in rotary)
+            q = _rotate(q, cos, sin)
+        return q.reshape(tokens, heads.q_size)
 
     def rotate(
         self,
@@ -254,12 +316,16 @@ class CpuKernelOps:
         rotary: Rotary | None,
         plan: Plan,
         qk_norms: QKNorms | None = None,
+        heads: Heads | None = None,
+        v_norm: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        cfg = self.config
+        shape = heads or config_heads(self.config)
         qkv = qkv.contiguous()
         if qk_norms is not None:
-            self.ops.head_rms_norm(qkv, *qk_norms, cfg.num_heads, cfg.num_kv_heads, self.eps)
-        q, k, v = split_heads(qkv, cfg)
+            self.ops.head_rms_norm(qkv, *qk_norms, shape.num_heads, shape.num_kv_heads, self.eps)
+        if v_norm:
+            self._norm_v(qkv, shape)
+        q, k, v = split_heads(qkv, shape)
         if rotary is not None:  # the whole tables: gathered here at the plan's positions
             cos, sin = (t[plan.positions][:, None, :] for t in rotary)
             q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
@@ -273,9 +339,10 @@ class CpuKernelOps:
         layer: int,
         window: int | None,
         sinks: torch.Tensor | None = None,
+        heads: Heads | None = None,
     ) -> torch.Tensor:
         kv, types = cache.storage(layer, plan), cache.kernel_types
-        heads, window = self.config.num_heads, window or 0
+        num_heads, window = (heads or config_heads(self.config)).num_heads, window or 0
         if isinstance(plan, DecodePlan):
             return self.ops.paged_attention(
                 q,
@@ -284,7 +351,7 @@ class CpuKernelOps:
                 None,
                 plan.context_lens,
                 self.scale,
-                heads,
+                num_heads,
                 window,
                 types,
                 sinks,
@@ -298,7 +365,7 @@ class CpuKernelOps:
             plan.token_rows,
             plan.token_context_lens,
             self.scale,
-            heads,
+            num_heads,
             window,
             types,
             sinks,

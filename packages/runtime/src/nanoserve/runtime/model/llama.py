@@ -41,7 +41,6 @@ from nanoserve.runtime.loading.checkpoint import (
 from nanoserve.runtime.loading.gguf_blocks import GgufBlocks
 from nanoserve.runtime.loading.model_config import ModelConfig
 from nanoserve.runtime.model.batch_invariance import attention_dtype, invariance, tiled_linear
-from nanoserve.runtime.model.delta_net import delta_net
 from nanoserve.runtime.model.device import resolve_device
 from nanoserve.runtime.model.embedding import QuantEmbedding
 from nanoserve.runtime.model.expert_arena import expert_arena
@@ -50,11 +49,11 @@ from nanoserve.runtime.model.int8_weight import Int8Weight
 from nanoserve.runtime.model.kv_pool import CacheRows
 from nanoserve.runtime.model.layer_kind import layer_kinds
 from nanoserve.runtime.model.layer_ops import CpuKernelOps, LayerOps, TorchOps
-from nanoserve.runtime.model.mamba2 import mamba2
 from nanoserve.runtime.model.model_weights import assemble_weights
+from nanoserve.runtime.model.per_layer_embedding import per_layer_branch, per_layer_inputs
 from nanoserve.runtime.model.quant_weight import QuantLinear, QuantWeight
+from nanoserve.runtime.model.recurrent_mixer import recurrent_mix
 from nanoserve.runtime.model.rotary import rotary_table
-from nanoserve.runtime.model.short_conv import short_conv
 from nanoserve.runtime.model.weight_forms import (
     KERNEL_FORMS,
     Linear,
@@ -115,12 +114,16 @@ class LlamaModel:
             arena.finish()
         self.embed, self.layers, self.norm = assembled.embed, assembled.layers, assembled.norm
         self.lm_head, self.tied = assembled.lm_head, assembled.tied
+        self.per_layer = assembled.per_layer  # Gemma 4's per-layer embedding, or None
         # The rotary tables cover what the deployment serves, not a 128k-position config.
         positions = min(config.max_position_embeddings, max_positions or 1 << 62)
         self.kinds = layer_kinds(config)
         # Where each layer keeps what it carries: an attention layer's K/V in the pool's layer
         # of that ordinal, a recurrent layer's state in the state pool's tensor of its own.
-        self.kv_index = {layer: i for i, layer in enumerate(config.attention_layers)}
+        # A K/V-sharing layer (Gemma 4) reads the pool's layer of the layer it shares.
+        self.kv_index = {layer: i for i, layer in enumerate(config.kv_layers)}
+        for layer in config.shared_kv_layers:
+            self.kv_index[layer] = self.kv_index[config.kv_source(layer)]
         # A recurrent layer's first state tensor (DeltaNet's window, then its matrix, follow).
         self.state_index: dict[int, int] = {}
         for layer in config.recurrent_layers:
@@ -210,8 +213,9 @@ class LlamaModel:
 
     def use_kv_cache_dtype(self, kv: KvCacheDtype) -> None:
         """Keep K/V in another form (`--kv-cache-dtype`); blocks only under the kernels."""
-        check_kv_form(kv, kernels=self.ops.name == "nanoserve", device=str(self.device),
-                      head_dim=self.config.head_dim)  # fmt: skip
+        for head_dim in sorted({kind.heads.head_dim for kind in self.kinds}):
+            check_kv_form(kv, kernels=self.ops.name == "nanoserve", device=str(self.device),
+                          head_dim=head_dim)  # fmt: skip
         self.kv_cache_dtype = kv
 
     @property
@@ -225,10 +229,10 @@ class LlamaModel:
         """What one decode step of this model needs at its peak, by shape (the recording
         budget's and the warm list's one price)."""
         cfg = self.config
-        return StepFootprint(
+        return StepFootprint(  # the widest layer's heads, where layers differ (Gemma 4)
             num_heads=cfg.num_heads,
-            num_kv_heads=cfg.num_kv_heads,
-            head_dim=cfg.head_dim,
+            num_kv_heads=max(kind.heads.num_kv_heads for kind in self.kinds),
+            head_dim=max(kind.heads.head_dim for kind in self.kinds),
             vocab_size=cfg.vocab_size,
             pool_bytes=self.kv_dtype.itemsize,
             accum_bytes=self.accum_dtype.itemsize,
@@ -284,8 +288,12 @@ class LlamaModel:
         if isinstance(self.lm_head, torch.Tensor):  # a pooled float32 row, on a bf16 model
             hidden = hidden.to(self.lm_head.dtype)
         logits = self._linear(hidden, self.lm_head).float()
-        scaling = self.config.logits_scaling
-        return logits / scaling if scaling != 1.0 else logits
+        scaling, cap = self.config.logits_scaling, self.config.final_logit_softcap
+        if scaling != 1.0:
+            logits = logits / scaling
+        if cap is not None:  # Gemma 4's soft cap: cap * tanh(logits / cap)
+            logits = torch.tanh(logits / cap) * cap
+        return logits
 
     def hidden(
         self,
@@ -312,6 +320,13 @@ class LlamaModel:
         x = ops.residual(self.embed[plan.input_ids])  # [tokens, hidden]
         if cfg.embedding_multiplier != 1.0:
             x = x * cfg.embedding_multiplier
+        layer_inputs = None  # Gemma 4's [tokens, layers, width]
+        if self.per_layer is not None:
+            assert cfg.per_layer_inputs is not None
+            layer_inputs = per_layer_inputs(
+                plan.input_ids, x, self.per_layer, cfg.per_layer_inputs, cfg.num_layers,
+                self._linear, ops.rms_norm,
+            )  # fmt: skip
         rotary = ops.rotary(plan)  # once per table for all layers
         h = ops.rms_norm(x, self.layers[0].input_norm)
         for index, (layer, kind) in enumerate(zip(self.layers, self.kinds, strict=True)):
@@ -320,24 +335,9 @@ class LlamaModel:
             trim = trim and not cfg.bidirectional  # there every row's K/V is read after it
             mixer_in = self._linear(h, layer.qkv, layer.qkv_bias)  # [tokens, q + 2 kv]
             if index in self.state_index:  # a recurrent layer
-                state = self.state_index[index]
                 native = self.ops.name == "nanoserve"  # decode steps in C++, on the pool
-                if layer.delta is not None:  # Qwen3.5's gated DeltaNet
-                    assert cfg.delta_net is not None
-                    window, matrix = cache.state(state, plan), cache.state(state + 1, plan)
-                    mixed = delta_net(
-                        mixer_in, plan, window, matrix, layer.delta, cfg.delta_net, native
-                    )
-                elif layer.mamba is not None:  # Granite 4.0-H's Mamba2
-                    assert cfg.mamba is not None
-                    window, matrix = cache.state(state, plan), cache.state(state + 1, plan)
-                    mixed = mamba2(mixer_in, plan, window, matrix, layer.mamba, cfg.mamba, native)
-                else:  # LFM2's short convolution
-                    assert layer.conv_kernel is not None
-                    window = cache.state(state, plan)
-                    mixed = short_conv(
-                        mixer_in, plan, window, layer.conv_kernel, layer.conv_bias, native
-                    )
+                state = self.state_index[index]
+                mixed = recurrent_mix(mixer_in, plan, cache, state, layer, cfg, native)
                 mixed = mixed.to(x.dtype)  # [tokens, what the output projection reads]
                 if trim:
                     assert isinstance(plan, PrefillPlan)
@@ -357,14 +357,23 @@ class LlamaModel:
                 kv = self.kv_index[index]  # the layer's K/V in the pool (attention layers only)
                 if layer.projection_norms is not None:  # OLMoE: q and k normed whole
                     mixer_in = self._projection_norms(mixer_in, layer.projection_norms)
-                q = ops.rotate_and_cache(mixer_in, table, plan, cache, kv, layer.qk_norms)
+                if kind.shares_kv:  # Gemma 4: q alone, over an earlier layer's K/V
+                    assert layer.q_norm is not None
+                    q = ops.rotate_query(mixer_in, table, plan, layer.q_norm, kind.heads)
+                else:
+                    q = ops.rotate_and_cache(
+                        mixer_in, table, plan, cache, kv, layer.qk_norms, kind.heads, cfg.v_norm
+                    )
                 h_gate = h
                 if trim:
                     assert isinstance(plan, PrefillPlan)
                     rows = plan.last_token_idx  # [chunks]
                     q, x, plan = q[rows], x[rows], last_tokens(plan)  # [chunks, q], [chunks, ...]
                     h_gate = h[rows]
-                heads = ops.attention(q, plan, cache, kv, kind.window, layer.sinks)  # [tokens, q]
+                    layer_inputs = None if layer_inputs is None else layer_inputs[rows]
+                heads = ops.attention(
+                    q, plan, cache, kv, kind.window, layer.sinks, kind.heads
+                )  # [tokens, q]
                 if layer.attn_gate is not None:  # Qwen3.5: times sigmoid(the gate's query)
                     gate = self._linear(h_gate, layer.attn_gate).float().sigmoid()
                     heads = (heads.float() * gate).to(heads.dtype)
@@ -384,7 +393,18 @@ class LlamaModel:
                 down = ops.rms_norm(down, layer.mlp_out_norm)
             if cfg.residual_multiplier != 1.0:
                 down = down * cfg.residual_multiplier
-            if index + 1 < len(self.layers):
+            if layer.per_layer is not None or layer.scalar is not None:  # Gemma 4's tail
+                x.add_(down)
+                if layer.per_layer is not None:
+                    assert layer_inputs is not None
+                    x.add_(per_layer_branch(
+                        x, layer_inputs[:, index], layer.per_layer, self._linear, ops.rms_norm
+                    ).to(x.dtype))  # fmt: skip
+                if layer.scalar is not None:
+                    x.mul_(layer.scalar.to(x.dtype))
+                if index + 1 < len(self.layers):
+                    h = ops.rms_norm(x, self.layers[index + 1].input_norm)
+            elif index + 1 < len(self.layers):
                 h = ops.add_rms_norm(x, down, self.layers[index + 1].input_norm)
             else:
                 x.add_(down)

@@ -25,6 +25,7 @@ from nanoserve.runtime.model.embedding import QuantEmbedding
 from nanoserve.runtime.model.expert_arena import ExpertArena
 from nanoserve.runtime.model.experts import ExpertWeights
 from nanoserve.runtime.model.mamba2 import Mamba2Weights
+from nanoserve.runtime.model.per_layer_embedding import PerLayerBranch, PerLayerEmbedding
 from nanoserve.runtime.model.quant_weight import QuantLinear
 from nanoserve.runtime.model.weight_forms import KERNEL_FORMS, Linear, Source, dense, make_linear
 
@@ -60,6 +61,9 @@ class LayerWeights:
     experts: ExpertWeights | None = None  # a routed layer's router and experts
     # [q] and [kv]: RMSNorms over the whole q and k projections (OLMoE)
     projection_norms: tuple[torch.Tensor, torch.Tensor] | None = None
+    q_norm: torch.Tensor | None = None  # [head_dim]: a K/V-sharing layer's (its qkv is q alone)
+    per_layer: PerLayerBranch | None = None  # Gemma 4's per-layer input branch
+    scalar: torch.Tensor | None = None  # [1] float32: the layer's output times it (Gemma 4)
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +73,7 @@ class ModelWeights:
     norm: torch.Tensor  # [hidden], the final norm
     lm_head: Linear  # [vocab, hidden]
     tied: bool  # the output projection is the embedding's (stored once in the file)
+    per_layer: PerLayerEmbedding | None = None  # Gemma 4's second table and its projection
 
 
 def split_query_gate(both: Source, heads: int, head_dim: int) -> tuple[Source, Source]:
@@ -250,9 +255,15 @@ def assemble_weights(
         fused = config.fused_projections
         attn = [f"{p}self_attn.{n}_proj" for n in (["qkv"] if fused else "qkv")]
         has_bias = f"{attn[0]}.bias" in weights
+        shares_kv = i in config.shared_kv_layers
+        if shares_kv:  # Gemma 4: q alone, its K/V an earlier layer's
+            attn = attn[:1]
+        elif config.k_eq_v and config.is_full_layer(i):  # V is K's projection: its rows twice
+            weights[f"{attn[2]}.weight"] = weights[f"{attn[1]}.weight"]
+        q_norm = norm(f"{p}self_attn.q_norm.weight") if shares_kv else None
         qk_norms = (
             (norm(f"{p}self_attn.q_norm.weight"), norm(f"{p}self_attn.k_norm.weight"))
-            if config.qk_norm
+            if config.qk_norm and not shares_kv
             else None
         )
         projection_norms = (
@@ -288,9 +299,28 @@ def assemble_weights(
                 mlp_out_norm=norms.get("post_feedforward_layernorm"),
                 attn_gate=attn_gate,
                 projection_norms=projection_norms,
+                q_norm=q_norm,
+                per_layer=PerLayerBranch(
+                    gate=linear(f"{p}per_layer_input_gate.weight"),
+                    projection=linear(f"{p}per_layer_projection.weight"),
+                    norm=norms["post_per_layer_input_norm"],
+                )
+                if config.per_layer_inputs is not None
+                else None,
+                scalar=take(f"{p}layer_scalar", torch.float32) if config.layer_scalar else None,
             )
         )
     final_norm = norm("model.norm.weight")
+    per_layer = None
+    if config.per_layer_inputs is not None:
+        table = source("model.embed_tokens_per_layer.weight")
+        per_layer = PerLayerEmbedding(
+            table=QuantEmbedding(table)
+            if kernel_ops and isinstance(table, GgufBlocks)
+            else dense(table, dtype, device),
+            projection=linear("model.per_layer_model_projection.weight"),
+            norm=norm("model.per_layer_projection_norm.weight"),
+        )
     # The output projection, tied or not, takes the head's form; tied and unquantized, it
     # is the embedding table itself.
     tied = "lm_head.weight" not in weights or config.tie_word_embeddings
@@ -302,4 +332,4 @@ def assemble_weights(
         lm_head = embed_table
     else:
         lm_head = make_linear([lm_source], quantize, dtype, device, head=True)
-    return ModelWeights(embed_table, layers, final_norm, lm_head, tied)
+    return ModelWeights(embed_table, layers, final_norm, lm_head, tied, per_layer)

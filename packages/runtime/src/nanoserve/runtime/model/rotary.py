@@ -26,9 +26,16 @@ def rope_inv_freq(
     local_theta = config.sliding_rope_theta if sliding else None
     local = local_theta is not None
     theta = local_theta if local_theta is not None else config.rope_theta
+    fraction = None if sliding else config.full_rope_fraction
+    if not sliding and config.full_head_dim is not None:
+        dim = config.full_head_dim  # Gemma 4's full layers: their own head_dim
+    # Proportional rotary turns the first pairs only, at the whole head's exponents.
+    turned = dim if fraction is None else 2 * int(fraction * dim // 2)
     # Same op order as transformers (int64 arange, then float32 division and power), so the bits agree.
-    exponents = torch.arange(0, dim, 2, dtype=torch.int64, device=device).to(torch.float32) / dim
+    exponents = torch.arange(0, turned, 2, dtype=torch.int64, device=device).to(torch.float32) / dim
     inv_freq = 1.0 / (theta**exponents)
+    if turned < dim:  # the pairs that stand still: frequency 0 (cos 1, sin 0)
+        inv_freq = torch.cat((inv_freq, inv_freq.new_zeros((dim - turned) // 2)))
     s = None if local else config.rope_scaling
     if s is None:
         return inv_freq

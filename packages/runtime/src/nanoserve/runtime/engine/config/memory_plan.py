@@ -60,13 +60,14 @@ def plan_memory(cfg: ModelConfig, config: ResolvedConfig, kv_dtype: KvCacheDtype
         )
         return MemoryPlan(state, kv, None, False)
     kv = plan_kv_pool(
-        num_layers=len(cfg.attention_layers),
+        num_layers=len(cfg.kv_layers),
         num_kv_heads=cfg.num_kv_heads,
         head_dim=cfg.head_dim,
         dtype=kv_dtype.torch_dtype,
         block_size=config.block_size,
         budget_bytes=config.kv_budget_bytes - state.total_bytes,
         forms=kv_dtype,
+        layer_shapes=cfg.kv_layer_shapes,
     )
     rule = (
         CheckpointRule(config.block_size, config.state_checkpoint_interval) if checkpoints else None

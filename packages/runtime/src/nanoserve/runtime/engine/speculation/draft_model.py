@@ -164,8 +164,9 @@ class DraftModel:
         cfg = model.config
         blocks = max(1, -(-slots // block_size))
         plan = KVPoolPlan(
-            cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, model.kv_dtype, block_size, blocks
-        )
+            len(cfg.kv_layers), cfg.num_kv_heads, cfg.head_dim, model.kv_dtype, block_size,
+            blocks, layer_shapes=cfg.kv_layer_shapes,
+        )  # fmt: skip
         max_len = min(max_len, cfg.max_position_embeddings)
         return cls(model, plan, max_len=max_len, vocab=vocab, name=name, catch_up=catch_up)
 

@@ -27,9 +27,11 @@ def scratch_pool(model: LlamaModel, block_size: int = 1) -> KVPool:
     """A K/V pool of one block for model's geometry, and a state pool of only the sink: what a
     timed forward writes."""
     cfg = model.config
-    layers = len(cfg.attention_layers)
+    layers, shapes = len(cfg.kv_layers), cfg.kv_layer_shapes
     kv = model.kv_cache_dtype
-    plan = KVPoolPlan(layers, cfg.num_kv_heads, cfg.head_dim, kv.torch_dtype, block_size, 1, kv)
+    plan = KVPoolPlan(
+        layers, cfg.num_kv_heads, cfg.head_dim, kv.torch_dtype, block_size, 1, kv, shapes
+    )
     return KVPool(plan, model.device, StatePool(StatePoolPlan(0, cfg.state_shapes), model.device))
 
 

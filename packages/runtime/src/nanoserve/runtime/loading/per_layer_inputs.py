@@ -1,0 +1,139 @@
+"""Gemma 4's layer deltas as its `config.json` spells them, and their checks.
+
+Gemma 4 is Gemma 3's forward (sandwich norms, GeGLU, per-head q/k norms, sliding and full
+layers) with these deltas, each a ModelConfig field:
+
+- **Per-layer inputs** (`PerLayerInputs`): a second embedding table, [vocab, layers * width],
+  whose slice for layer l, mixed with a projection of the first embedding, gates a small
+  residual branch after layer l's MLP (model/per_layer_inputs.py).
+- **Full layers of their own shape**: `global_head_dim` (512 against the sliding layers' 256)
+  and, with `attention_k_eq_v`, their own K/V heads; with `attention_k_eq_v` a full layer has
+  no V projection: its V is its K projection's output (normed apart, not rotated).
+- **Proportional rotary** on the full layers: a quarter of each head's frequency pairs turn,
+  at the exponents of the whole head; the rest stand still.
+- **K/V sharing**: the last `num_kv_shared_layers` layers compute only q and read the K/V of
+  the last earlier layer of their kind; they write none, so the pool has no layer for them.
+  Their MLP is twice as wide with `use_double_wide_mlp`.
+- V heads RMS-normed without a weight; attention's scale 1 (the q/k norms set it); each
+  layer's output times a learned scalar; the final logits soft-capped.
+
+A checkpoint with the vision and audio towers (model_type `gemma4`) is read for its
+`text_config`, as Qwen3.5's is; the towers are skipped at load (hf_names.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from nanoserve.runtime.errors import ConfigError, UnsupportedModelError
+
+if TYPE_CHECKING:
+    from nanoserve.runtime.loading.model_config import ModelConfig
+
+
+@dataclass(frozen=True, slots=True)
+class PerLayerInputs:
+    """The per-layer embedding: `vocab_size` rows of `width` values for each layer."""
+
+    vocab_size: int
+    width: int
+
+
+def gemma4_text_config(config_json: Mapping[str, Any], source: str) -> dict[str, Any]:
+    """The language model's config of a Gemma 4 checkpoint with its towers (its `text_config`,
+    with the top level's token ids and tying where it leaves them out)."""
+    text = config_json.get("text_config")
+    if not isinstance(text, Mapping):
+        raise ConfigError(source, "model_type 'gemma4' without a text_config object")
+    merged = {"model_type": "gemma4_text", **text}
+    for name in ("tie_word_embeddings", "eos_token_id", "bos_token_id"):
+        if name not in merged and name in config_json:
+            merged[name] = config_json[name]
+    return merged
+
+
+def gemma4_fields(
+    config_json: Mapping[str, Any], num_layers: int, kinds: list[str], source: str
+) -> dict[str, Any]:
+    """Gemma 4's ModelConfig fields from its `config.json`: the full layers' own shape (from
+    `per_layer_config`, as transformers 5 writes it, or `global_head_dim` and
+    `num_global_key_value_heads`), K/V sharing, per-layer inputs and the rest."""
+    if config_json.get("enable_moe_block"):
+        raise UnsupportedModelError(
+            source, "enable_moe_block=True (Gemma 4 26B-A4B's experts block) is not supported"
+        )
+    full = [i for i, kind in enumerate(kinds) if kind == "full"]
+    k_eq_v = bool(config_json.get("attention_k_eq_v", False))
+    head_dim = config_json.get("global_head_dim", 512)
+    kv_heads = config_json.get("num_global_key_value_heads") if k_eq_v else None
+    overrides = config_json.get("per_layer_config")
+    if isinstance(overrides, Mapping) and full:
+        first = overrides.get(str(full[0]), overrides.get(full[0])) or {}
+        head_dim = first.get("head_dim", head_dim)
+        kv_heads = first.get("num_key_value_heads", kv_heads)
+    shared = config_json.get("num_kv_shared_layers") or 0
+    if type(shared) is not int or not 0 <= shared < num_layers:
+        raise ConfigError(source, f"num_kv_shared_layers={shared!r} must be in 0..{num_layers - 1}")
+    width = config_json.get("hidden_size_per_layer_input") or 0
+    per_layer = (
+        PerLayerInputs(config_json.get("vocab_size_per_layer_input", 262_144), width)
+        if width
+        else None
+    )
+    softcap = config_json.get("final_logit_softcapping")
+    rope = (config_json.get("rope_parameters") or {}).get("full_attention") or {}
+    if rope.get("rope_type", "default") not in ("default", "proportional"):
+        raise UnsupportedModelError(
+            source, f"full layers' rope_type={rope['rope_type']!r} is not supported"
+        )
+    fraction = rope.get("partial_rotary_factor", 1.0) if rope.get("rope_type") else None
+    return {
+        "full_head_dim": head_dim,
+        "full_kv_heads": kv_heads,
+        "full_rope_fraction": float(fraction) if fraction is not None else None,
+        "shared_kv_layers": tuple(range(num_layers - shared, num_layers)),
+        "k_eq_v": k_eq_v,
+        "v_norm": True,
+        "double_wide_mlp": bool(config_json.get("use_double_wide_mlp", False)),
+        "per_layer_inputs": per_layer,
+        "layer_scalar": True,
+        "final_logit_softcap": float(softcap) if softcap is not None else None,
+    }
+
+
+def check_gemma4(config: ModelConfig, source: str) -> None:
+    """Raise `ConfigError` where Gemma 4's fields cannot describe a model."""
+    dim, heads = config.full_head_dim, config.full_kv_heads
+    if dim is not None and (type(dim) is not int or dim <= 0 or dim % 2):
+        raise ConfigError(source, f"full_head_dim={dim!r} must be an even positive integer")
+    if heads is not None and (type(heads) is not int or heads <= 0):
+        raise ConfigError(source, f"full_kv_heads={heads!r} must be a positive integer")
+    if config.full_kv_heads is not None and config.num_heads % config.full_kv_heads:
+        raise ConfigError(
+            source,
+            f"full_kv_heads={config.full_kv_heads} does not divide num_heads={config.num_heads}",
+        )
+    fraction = config.full_rope_fraction
+    if fraction is not None and not 0 < fraction <= 1:
+        raise ConfigError(source, f"full_rope_fraction={fraction!r} must be in (0, 1]")
+    cap = config.final_logit_softcap
+    if cap is not None and (not isinstance(cap, float) or not cap > 0):
+        raise ConfigError(source, f"final_logit_softcap={cap!r} must be a positive float")
+    p = config.per_layer_inputs
+    if p is not None and (type(p.vocab_size) is not int or type(p.width) is not int
+                          or p.vocab_size <= 0 or p.width <= 0):  # fmt: skip
+        raise ConfigError(source, f"per-layer inputs {p} must have positive integer sizes")
+    shared = config.shared_kv_layers
+    if not shared:
+        return
+    if shared != tuple(range(shared[0], config.num_layers)) or shared[0] == 0:
+        raise ConfigError(source, f"shared_kv_layers={shared} must be the last layers, not all")
+    for sliding in (True, False):
+        kind = "sliding" if sliding else "full"
+        reads = [i for i in shared if (i in config.sliding_layers) == sliding]
+        if reads and not any((i in config.sliding_layers) == sliding for i in range(shared[0])):
+            raise ConfigError(
+                source, f"K/V-sharing {kind} layers {reads} have no earlier {kind} layer to read"
+            )
