@@ -406,6 +406,7 @@ def write_tiny_gguf(
     tok = json.loads((model_dir / "tokenizer.json").read_text())
     arch_name = arch or {
         "gemma3_text": "gemma3",
+        "gemma4_text": "gemma4",
         "qwen3_moe": "qwen3moe",
         "qwen3_5_text": "qwen35",
         "qwen3_5_moe_text": "qwen35moe",
@@ -433,7 +434,10 @@ def write_tiny_gguf(
         writer.add_feed_forward_length(lfm2_intermediate_size(config, "config.json"))
         writer.add_head_count_kv([0 if t == "conv" else kv_heads for t in config["layer_types"]])
         writer.add_shortconv_l_cache(config["conv_L_cache"])
-    else:
+    gemma4 = arch_name == "gemma4"
+    if gemma4:  # each layer's own widths, K/V heads and window (_gemma4_gguf_keys)
+        raw_tensors = {**_gemma4_gguf_keys(writer, config), **(raw_tensors or {})}
+    elif not lfm2:
         writer.add_feed_forward_length(config["intermediate_size"])
     granite = arch_name == "granitehybrid"
     experts = config.get("num_experts", config.get("num_local_experts"))  # 5.x: the latter
@@ -458,7 +462,7 @@ def write_tiny_gguf(
         writer.add_rope_scaling_type(gguf.RopeScalingType.YARN)
         writer.add_rope_scaling_factor(rope["factor"])
         writer.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
-    if not lfm2 and not granite:
+    if not lfm2 and not granite and not gemma4:
         writer.add_head_count_kv(kv_heads)
     if granite:  # as llama.cpp's Granite hybrid converter: Mamba2's sizes as ssm.*
         mamba = [t == "linear_attention" for t in config["layer_types"]]
@@ -495,9 +499,10 @@ def write_tiny_gguf(
     rope = config["rope_parameters"]
     writer.add_rope_freq_base(rope.get("full_attention", rope)["rope_theta"])
     writer.add_layer_norm_rms_eps(config["norm_eps"] if lfm2 else config["rms_norm_eps"])
-    writer.add_rope_dimension_count(int(head_dim * rope.get("partial_rotary_factor", 1.0)))
-    writer.add_key_length(head_dim)
-    writer.add_value_length(head_dim)
+    if not gemma4:
+        writer.add_rope_dimension_count(int(head_dim * rope.get("partial_rotary_factor", 1.0)))
+        writer.add_key_length(head_dim)
+        writer.add_value_length(head_dim)
     if (gemma or arch_name == "phi3") and config.get("sliding_window"):
         writer.add_sliding_window(config["sliding_window"])
     writer.add_vocab_size(config["vocab_size"])
@@ -615,6 +620,46 @@ def write_tiny_gguf(
     return out
 
 
+def _gemma4_gguf_keys(writer: Any, config: Mapping[str, Any]) -> dict[str, Any]:
+    """As llama.cpp's Gemma 4 converter: the full layers' head_dim as `key_length` and the
+    sliding ones' as `key_length_swa`, K/V heads and MLP widths per layer, the pattern as one
+    bool a layer, and proportional rotary as `rope_freqs` (1 for a pair that turns, 1e30 for one
+    that stands still); returns that tensor."""
+    arch, layers = "gemma4", config["num_hidden_layers"]
+    sliding = [t == "sliding_attention" for t in config["layer_types"]]
+    first_full = str(sliding.index(False))  # transformers 5 writes the full layers' shape so
+    own = config["per_layer_config"][first_full]
+    full_dim, dim = own["head_dim"], config["head_dim"]
+    full_kv = own.get("num_key_value_heads") or config["num_key_value_heads"]
+    shared = config["num_kv_shared_layers"]
+    inter = config["intermediate_size"]
+    wide = config.get("use_double_wide_mlp")
+    widths = [inter * 2 if wide and i >= layers - shared else inter for i in range(layers)]
+    writer.add_array(f"{arch}.feed_forward_length", widths)
+    writer.add_array(
+        f"{arch}.attention.head_count_kv",
+        [config["num_key_value_heads"] if s else full_kv for s in sliding],
+    )
+    writer.add_key_length(full_dim)
+    writer.add_value_length(full_dim)
+    writer.add_uint32(f"{arch}.attention.key_length_swa", dim)
+    writer.add_uint32(f"{arch}.attention.value_length_swa", dim)
+    writer.add_rope_dimension_count(full_dim)
+    writer.add_uint32(f"{arch}.rope.dimension_count_swa", dim)
+    rope = config["rope_parameters"]
+    writer.add_float32(f"{arch}.rope.freq_base_swa", rope["sliding_attention"]["rope_theta"])
+    writer.add_sliding_window(config["sliding_window"])
+    writer.add_array(f"{arch}.attention.sliding_window_pattern", sliding)
+    writer.add_uint32(f"{arch}.attention.shared_kv_layers", shared)
+    writer.add_uint32(
+        f"{arch}.embedding_length_per_layer_input", config["hidden_size_per_layer_input"]
+    )
+    writer.add_float32(f"{arch}.final_logit_softcapping", config["final_logit_softcapping"])
+    turned = int(full_dim * rope["full_attention"]["partial_rotary_factor"] / 2)
+    factors = np.array([1.0] * turned + [1e30] * (full_dim // 2 - turned), dtype=np.float32)
+    return {"rope_freqs.weight": (factors, None)}
+
+
 def _llama3_rope_factors(rope: Mapping[str, Any], head_dim: int) -> np.ndarray:
     """convert_hf_to_gguf.py's `rope_freqs` for Llama 3.1+ scaling: a divisor per frequency."""
     import math
@@ -717,10 +762,13 @@ _GGUF_ARCHS = {
     "qwen35": "QWEN35",
     "qwen35moe": "QWEN35MOE",
     "granitehybrid": "GRANITE_HYBRID",
+    "gemma4": "GEMMA4",
 }
 
 
 def _gguf_name(hf_name: str, arch: str = "llama") -> str:
+    if hf_name.endswith(".layer_scalar"):  # Gemma 4's, a buffer: its converter adds `.weight`
+        return f"blk.{hf_name.split('.')[2]}.layer_output_scale.weight"
     if hf_name.endswith(".expert_bias"):  # LFM2-MoE's choosing bias, not a module's weight
         return f"blk.{hf_name.split('.')[2]}.exp_probs_b.bias"
     whole = next((v for k, v in _WHOLE_GGUF_NAMES.items() if hf_name.endswith(k)), None)

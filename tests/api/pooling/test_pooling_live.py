@@ -43,9 +43,9 @@ def test_the_openai_client_gets_the_offline_embeddings(
             model=embedder_name(embedder), input=["hello world", "a fox"]
         )
         short = client.embeddings.create(model=embedder_name(embedder), input="a fox", dimensions=8)
-    offline = LLM(model=str(tiny_embedder_dir), kv_budget_bytes=1 << 22, max_batch=4).embed(
-        ["hello world", "a fox"]
-    )
+    offline = LLM(  # the server's dtype (auto: bf16 where the CPU has it natively, a Zen 4)
+        model=str(tiny_embedder_dir), kv_budget_bytes=1 << 22, max_batch=4, dtype="auto"
+    ).embed(["hello world", "a fox"])
     assert [d.embedding for d in answer.data] == [o.embedding for o in offline]
     assert answer.usage.prompt_tokens == sum(len(o.prompt_token_ids) for o in offline)
     assert len(short.data[0].embedding) == 8

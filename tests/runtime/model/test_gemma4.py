@@ -132,3 +132,26 @@ def test_the_experts_block_is_refused_in_one_line(gemma4_dir: Path) -> None:
     moe = {**text, "enable_moe_block": True, "num_experts": 4, "top_k_experts": 2}
     with pytest.raises(UnsupportedModelError, match="enable_moe_block"):
         ModelConfig.from_hf(moe)
+
+
+def test_k_and_v_a_sharing_layer_still_stores_are_left_unread(
+    gemma4_dir: Path, reference: Any, tmp_path: Path
+) -> None:
+    """A checkpoint may keep the K/V-sharing layers' own k and v projections and norms
+    (transformers ignores them on load): they are accepted, and never read."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    out = tmp_path / "with-unread"
+    shutil.copytree(gemma4_dir, out)
+    tensors = load_file(out / "model.safetensors")
+    attn = "model.layers.4.self_attn"
+    tensors[f"{attn}.k_proj.weight"] = torch.full((32, 64), float("nan"))
+    tensors[f"{attn}.v_proj.weight"] = torch.full((32, 64), float("nan"))
+    tensors[f"{attn}.k_norm.weight"] = torch.full((16,), float("nan"))
+    save_file(tensors, out / "model.safetensors")
+    with torch.no_grad():
+        expected = reference(torch.tensor([PROMPT])).logits[0]
+    model = LlamaModel.from_checkpoint(load_checkpoint(out))
+    assert rel_error(paged_logits(model, PROMPT), expected) < 1e-5

@@ -368,6 +368,9 @@ def check_tensor_shapes(
     if config.encoder is not None:  # a cross-encoder's head, or a base model's unused pooler
         allowed |= set(HEAD_NAMES)
     allowed |= set(GGUF_DENSE)  # read by the pooler
+    for i in config.shared_kv_layers:  # Gemma 4's K/V-sharing layers may still store their own
+        attn = f"model.layers.{i}.self_attn"
+        allowed |= {f"{attn}.{part}.weight" for part in ("k_proj", "v_proj", "k_norm", "v_norm")}
     unexpected = sorted(
         name
         for name in actual

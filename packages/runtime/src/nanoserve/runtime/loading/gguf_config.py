@@ -26,6 +26,7 @@ from nanoserve.runtime.loading.gguf_recurrent import (
 from nanoserve.runtime.loading.gguf_types import GGML_TYPES
 from nanoserve.runtime.loading.layer_pattern import bidirectional_window
 from nanoserve.runtime.loading.model_config import Architecture, ModelConfig
+from nanoserve.runtime.loading.per_layer_inputs import gemma4_gguf_fields
 from nanoserve.runtime.loading.rope import (
     FreqFactors,
     LinearRope,
@@ -71,6 +72,8 @@ def gguf_config(
             raise ConfigError(path, error.problem) from None
     hidden_size = int(key("embedding_length"))
     num_heads = int(key("attention.head_count"))
+    if arch == "gemma4":  # per-layer shapes of its own (per_layer_inputs.py)
+        return _gemma4_config(key, metadata, gguf_names, tokenizer, path, stored_scaling)
     num_kv_heads = key("attention.head_count_kv", num_heads)
     short_conv = None
     num_layers = text_layers(metadata, stored_arch)
@@ -169,6 +172,38 @@ def gguf_config(
             logits_scaling=float(key("logit_scale", 1.0)) if granite else 1.0,
             fused_mlp=arch == "phi3",  # llama.cpp splits Granite's shared MLP in two
             bidirectional=bidirectional,
+        )
+    except ConfigError as error:  # re-raised naming the file rather than the class
+        raise ConfigError(path, error.problem) from None
+
+
+def _gemma4_config(
+    key: Any,
+    metadata: Mapping[str, Any],
+    gguf_names: frozenset[str],
+    tokenizer: Tokenizer,
+    path: Path,
+    stored_scaling: FreqFactors | LongRope | None,
+) -> ModelConfig:
+    num_layers = text_layers(metadata, "gemma4")
+    vocab = int(key("vocab_size", len(metadata["tokenizer.ggml.tokens"])))
+    factors = stored_scaling.factors if isinstance(stored_scaling, FreqFactors) else None
+    try:
+        return ModelConfig(
+            architecture="gemma4",
+            vocab_size=vocab,
+            hidden_size=int(key("embedding_length")),
+            num_layers=num_layers,
+            num_heads=int(key("attention.head_count")),
+            rope_theta=float(key("rope.freq_base", 1_000_000.0)),
+            rope_scaling=None,
+            rms_norm_eps=float(key("attention.layer_norm_rms_epsilon")),
+            tie_word_embeddings="output.weight" not in gguf_names,
+            attention_bias=False,
+            max_position_embeddings=int(key("context_length")),
+            eos_token_ids=tokenizer.eos_token_ids,
+            bos_token_id=tokenizer.bos_token_id,
+            **gemma4_gguf_fields(key, num_layers, gguf_names, factors, vocab),
         )
     except ConfigError as error:  # re-raised naming the file rather than the class
         raise ConfigError(path, error.problem) from None

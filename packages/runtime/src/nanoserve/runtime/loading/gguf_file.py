@@ -80,6 +80,7 @@ _ARCHITECTURES: dict[str, Architecture] = {
     "qwen2": "qwen2",
     "qwen3": "qwen3",
     "gemma3": "gemma3",
+    "gemma4": "gemma4",
     "gemma-embedding": "gemma3",  # EmbeddingGemma: bidirectional, two Dense after pooling
     "smollm3": "smollm3",
     "phi3": "phi3",
@@ -100,6 +101,10 @@ _GLOBAL_NAMES = {
     "token_embd": "model.embed_tokens",
     "output_norm": "model.norm",
     "output": "lm_head",
+    # Gemma 4's per-layer embedding: its table, the projection of the first, that one's norm
+    "per_layer_token_embd": "model.embed_tokens_per_layer",
+    "per_layer_model_proj": "model.per_layer_model_projection",
+    "per_layer_proj_norm": "model.per_layer_projection_norm",
 }
 _LFM2_GLOBAL_NAMES = _GLOBAL_NAMES | {"token_embd_norm": "model.norm"}  # its final norm
 _LAYER_NAMES = {
@@ -130,6 +135,12 @@ _PHI3_LAYER_NAMES = _LAYER_NAMES | {
 }
 _LAYER_NAMES_BY_ARCH = {
     "gemma3": _GEMMA3_LAYER_NAMES,
+    "gemma4": _GEMMA3_LAYER_NAMES
+    | {
+        "inp_gate": "per_layer_input_gate",
+        "proj": "per_layer_projection",
+        "post_norm": "post_per_layer_input_norm",
+    },
     "phi3": _PHI3_LAYER_NAMES,
     "lfm2": _LAYER_NAMES | LFM2_LAYER_NAMES,
     "qwen3_5": _LAYER_NAMES | QWEN35_LAYER_NAMES,
@@ -141,6 +152,7 @@ _WHOLE_NAMES_BY_ARCH = {
     "granitemoehybrid": GRANITE_WHOLE_NAMES,
     "lfm2": {GGUF_EXPERT_BIAS: "mlp.expert_bias"},  # LFM2-MoE's choosing bias
     "gpt_oss": {"attn_sinks.weight": "self_attn.sinks"},
+    "gemma4": {"layer_output_scale.weight": "layer_scalar"},
 }
 _ROPE_TENSORS = frozenset(
     {"rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight"}

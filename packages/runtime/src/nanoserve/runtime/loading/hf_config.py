@@ -19,6 +19,7 @@ HF_CLASS_NAMES: dict[Architecture, str] = {
     "qwen3": "Qwen3ForCausalLM",
     "mistral": "MistralForCausalLM",
     "gemma3": "Gemma3ForCausalLM",
+    "gemma4": "Gemma4ForCausalLM",
     "smollm3": "SmolLM3ForCausalLM",
     "phi3": "Phi3ForCausalLM",
     "lfm2": "Lfm2ForCausalLM",
@@ -41,7 +42,7 @@ def config_to_hf(config: ModelConfig) -> dict[str, Any]:
     if isinstance(eos, list) and len(eos) == 1:
         eos = eos[0]
     gemma = config.architecture == "gemma3"
-    model_type = {"gemma3": "gemma3_text", "qwen3_5": "qwen3_5_text"}.get(
+    model_type = {"gemma3": "gemma3_text", "gemma4": "gemma4_text", "qwen3_5": "qwen3_5_text"}.get(
         config.architecture, config.architecture
     )
     class_name = HF_CLASS_NAMES[config.architecture]
@@ -84,6 +85,9 @@ def config_to_hf(config: ModelConfig) -> dict[str, Any]:
         out.update(experts_to_hf(config.architecture, config.experts, config.num_layers))
     if config.architecture != "qwen2":  # qwen2's bias is implied by its architecture
         out["attention_bias"] = config.attention_bias
+    if config.architecture == "gemma4":
+        del out["hidden_act"]
+        return out | gemma4_to_hf(config)
     if config.architecture == "smollm3":
         out["no_rope_layers"] = [
             int(i not in config.no_rope_layers) for i in range(config.num_layers)
@@ -110,3 +114,43 @@ def config_to_hf(config: ModelConfig) -> dict[str, Any]:
     elif config.architecture in ("mistral", "phi3"):
         out["sliding_window"] = None
     return out
+
+
+def gemma4_to_hf(config: ModelConfig) -> dict[str, Any]:
+    """Gemma 4's fields of a transformers 5 `config.json` (the full layers' shape as the
+    `per_layer_config` transformers itself writes)."""
+    kinds = ["sliding" if config.layer_window(i) else "full" for i in range(config.num_layers)]
+    full: dict[str, Any] = {"rope_type": "default", "rope_theta": config.rope_theta}
+    if config.full_rope_fraction is not None:
+        full |= {"rope_type": "proportional", "partial_rotary_factor": config.full_rope_fraction}
+    own = {
+        str(i): {
+            "head_dim": config.layer_head_dim(i),
+            "num_key_value_heads": config.layer_kv_heads(i),
+        }
+        for i in range(config.num_layers)
+        if kinds[i] == "full"
+    }
+    inputs = config.per_layer_inputs
+    return {
+        "hidden_activation": "gelu_pytorch_tanh",
+        "rope_parameters": {
+            "sliding_attention": {
+                "rope_type": "default",
+                "rope_theta": config.sliding_rope_theta or config.rope_theta,
+            },
+            "full_attention": full,
+        },
+        "sliding_window": config.sliding_window,
+        "layer_types": [f"{kind}_attention" for kind in kinds],
+        "per_layer_config": own,
+        "attention_k_eq_v": config.k_eq_v,
+        "num_kv_shared_layers": len(config.shared_kv_layers),
+        "use_double_wide_mlp": config.double_wide_mlp,
+        "hidden_size_per_layer_input": inputs.width if inputs is not None else 0,
+        "vocab_size_per_layer_input": inputs.vocab_size
+        if inputs is not None
+        else config.vocab_size,
+        "final_logit_softcapping": config.final_logit_softcap,
+        "enable_moe_block": False,
+    }

@@ -33,7 +33,7 @@ from nanoserve.runtime.loading.encoder_layers import (
 )
 from nanoserve.runtime.loading.expert_layers import ExpertLayers
 from nanoserve.runtime.loading.hf_fields import hf_model_fields
-from nanoserve.runtime.loading.per_layer_inputs import PerLayerInputs, check_gemma4
+from nanoserve.runtime.loading.per_layer_inputs import PerLayerInputs
 from nanoserve.runtime.loading.recurrent_layers import (
     DeltaNetLayers,
     Mamba2Layers,
@@ -302,7 +302,43 @@ class ModelConfig:
         for name in ("attn_output_gate", "attention_sinks", "output_bias"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(source, f"{name}={getattr(self, name)!r} must be a bool")
-        check_gemma4(self, source)
+        self._check_gemma4(source)
+
+    def _check_gemma4(self, source: str) -> None:
+        """Raise `ConfigError` where Gemma 4's fields cannot describe a model."""
+        dim, heads = self.full_head_dim, self.full_kv_heads
+        if dim is not None and (type(dim) is not int or dim <= 0 or dim % 2):
+            raise ConfigError(source, f"full_head_dim={dim!r} must be an even positive integer")
+        if heads is not None and (type(heads) is not int or heads <= 0):
+            raise ConfigError(source, f"full_kv_heads={heads!r} must be a positive integer")
+        if self.full_kv_heads is not None and self.num_heads % self.full_kv_heads:
+            raise ConfigError(
+                source,
+                f"full_kv_heads={self.full_kv_heads} does not divide num_heads={self.num_heads}",
+            )
+        fraction = self.full_rope_fraction
+        if fraction is not None and not 0 < fraction <= 1:
+            raise ConfigError(source, f"full_rope_fraction={fraction!r} must be in (0, 1]")
+        cap = self.final_logit_softcap
+        if cap is not None and (not isinstance(cap, float) or not cap > 0):
+            raise ConfigError(source, f"final_logit_softcap={cap!r} must be a positive float")
+        p = self.per_layer_inputs
+        if p is not None and (type(p.vocab_size) is not int or type(p.width) is not int
+                              or p.vocab_size <= 0 or p.width <= 0):  # fmt: skip
+            raise ConfigError(source, f"per-layer inputs {p} must have positive integer sizes")
+        shared = self.shared_kv_layers
+        if not shared:
+            return
+        if shared != tuple(range(shared[0], self.num_layers)) or shared[0] == 0:
+            raise ConfigError(source, f"shared_kv_layers={shared} must be the last layers, not all")
+        for sliding in (True, False):
+            kind = "sliding" if sliding else "full"
+            reads = [i for i in shared if (i in self.sliding_layers) == sliding]
+            if reads and not any((i in self.sliding_layers) == sliding for i in range(shared[0])):
+                raise ConfigError(
+                    source,
+                    f"K/V-sharing {kind} layers {reads} have no earlier {kind} layer to read",
+                )
 
     @classmethod
     def from_hf(

@@ -1,4 +1,4 @@
-"""Gemma 4's layer deltas as its `config.json` spells them, and their checks.
+"""Gemma 4's layer deltas as its `config.json` and its GGUF spell them.
 
 Gemma 4 is Gemma 3's forward (sandwich norms, GeGLU, per-head q/k norms, sliding and full
 layers) with these deltas, each a ModelConfig field:
@@ -23,14 +23,11 @@ A checkpoint with the vision and audio towers (model_type `gemma4`) is read for 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from nanoserve.runtime.errors import ConfigError, UnsupportedModelError
-
-if TYPE_CHECKING:
-    from nanoserve.runtime.loading.model_config import ModelConfig
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,37 +100,55 @@ def gemma4_fields(
     }
 
 
-def check_gemma4(config: ModelConfig, source: str) -> None:
-    """Raise `ConfigError` where Gemma 4's fields cannot describe a model."""
-    dim, heads = config.full_head_dim, config.full_kv_heads
-    if dim is not None and (type(dim) is not int or dim <= 0 or dim % 2):
-        raise ConfigError(source, f"full_head_dim={dim!r} must be an even positive integer")
-    if heads is not None and (type(heads) is not int or heads <= 0):
-        raise ConfigError(source, f"full_kv_heads={heads!r} must be a positive integer")
-    if config.full_kv_heads is not None and config.num_heads % config.full_kv_heads:
-        raise ConfigError(
-            source,
-            f"full_kv_heads={config.full_kv_heads} does not divide num_heads={config.num_heads}",
-        )
-    fraction = config.full_rope_fraction
-    if fraction is not None and not 0 < fraction <= 1:
-        raise ConfigError(source, f"full_rope_fraction={fraction!r} must be in (0, 1]")
-    cap = config.final_logit_softcap
-    if cap is not None and (not isinstance(cap, float) or not cap > 0):
-        raise ConfigError(source, f"final_logit_softcap={cap!r} must be a positive float")
-    p = config.per_layer_inputs
-    if p is not None and (type(p.vocab_size) is not int or type(p.width) is not int
-                          or p.vocab_size <= 0 or p.width <= 0):  # fmt: skip
-        raise ConfigError(source, f"per-layer inputs {p} must have positive integer sizes")
-    shared = config.shared_kv_layers
-    if not shared:
-        return
-    if shared != tuple(range(shared[0], config.num_layers)) or shared[0] == 0:
-        raise ConfigError(source, f"shared_kv_layers={shared} must be the last layers, not all")
-    for sliding in (True, False):
-        kind = "sliding" if sliding else "full"
-        reads = [i for i in shared if (i in config.sliding_layers) == sliding]
-        if reads and not any((i in config.sliding_layers) == sliding for i in range(shared[0])):
-            raise ConfigError(
-                source, f"K/V-sharing {kind} layers {reads} have no earlier {kind} layer to read"
-            )
+def gemma4_gguf_fields(
+    key: Callable[..., Any],
+    num_layers: int,
+    gguf_names: frozenset[str],
+    freq_factors: tuple[float, ...] | None,
+    vocab_size: int,
+) -> dict[str, Any]:
+    """Gemma 4's ModelConfig fields as llama.cpp's converter stores them: the sliding layers'
+    head_dim as `key_length_swa` and the full ones' as `key_length`, K/V heads and MLP widths
+    one per layer, the pattern a bool per layer, and proportional rotary as `rope_freqs` (1 for
+    each pair that turns, 1e30 for each that stands still). A full layer without `attn_v`
+    reads its K as V."""
+    pattern = key("attention.sliding_window_pattern")
+    sliding = tuple(i for i in range(num_layers) if pattern[i])
+    full = [i for i in range(num_layers) if i not in sliding]
+    kv_heads = key("attention.head_count_kv")
+    per_layer = kv_heads if isinstance(kv_heads, list) else [kv_heads] * num_layers
+    head_dim, full_head_dim = int(key("attention.key_length_swa")), int(key("attention.key_length"))
+    widths = key("feed_forward_length")
+    widths = widths if isinstance(widths, list) else [widths] * num_layers
+    shared = int(key("attention.shared_kv_layers", 0))
+    sharing = tuple(range(num_layers - shared, num_layers))
+    fraction = None
+    if freq_factors is not None:  # the pairs that turn lead, at factor 1
+        fraction = 2 * sum(1 for f in freq_factors if f == 1.0) / full_head_dim
+    num_kv = int(per_layer[sliding[0]]) if sliding else int(per_layer[0])
+    full_kv = int(per_layer[full[0]]) if full else num_kv
+    width = int(key("embedding_length_per_layer_input", 0))
+    softcap = key("final_logit_softcapping", None)
+    return {
+        "intermediate_size": int(min(widths)),
+        "num_kv_heads": num_kv,
+        "head_dim": head_dim,
+        "hidden_act": "gelu_tanh",
+        "qk_norm": True,
+        "sandwich_norm": True,
+        "embedding_multiplier": float(key("embedding_length")) ** 0.5,
+        "query_scale": 1.0,
+        "sliding_window": int(key("attention.sliding_window")),
+        "sliding_layers": sliding,
+        "sliding_rope_theta": float(key("rope.freq_base_swa", 10_000.0)),
+        "full_head_dim": full_head_dim,
+        "full_kv_heads": full_kv if full_kv != num_kv else None,
+        "full_rope_fraction": fraction,
+        "shared_kv_layers": sharing,
+        "k_eq_v": any(f"blk.{i}.attn_v.weight" not in gguf_names for i in full if i not in sharing),
+        "v_norm": True,
+        "double_wide_mlp": any(widths[i] == 2 * min(widths) for i in sharing),
+        "per_layer_inputs": PerLayerInputs(vocab_size, width) if width else None,
+        "layer_scalar": "blk.0.layer_output_scale.weight" in gguf_names,
+        "final_logit_softcap": float(softcap) if softcap else None,
+    }
