@@ -77,13 +77,15 @@ def granite_number(config_json: Mapping[str, Any], name: str, granite: bool, sou
     return number(config_json[name], name, source)
 
 
-def qwen3_5_text_config(config_json: Mapping[str, Any], source: str) -> dict[str, Any]:
-    """The language model's config of a Qwen3.5 checkpoint with its vision tower (its
-    `text_config`, with the top level's token ids and tying where it leaves them out)."""
+def text_config(config_json: Mapping[str, Any], text_type: str, source: str) -> dict[str, Any]:
+    """The language model's config of a checkpoint with its towers (Qwen3.5's vision tower,
+    Gemma 4's vision and audio): its `text_config` as `text_type`, with the top level's token
+    ids and tying where it leaves them out."""
     text = config_json.get("text_config")
     if not isinstance(text, Mapping):
-        raise ConfigError(source, "model_type 'qwen3_5' without a text_config object")
-    merged = {"model_type": "qwen3_5_text", **text}
+        model_type = config_json.get("model_type")
+        raise ConfigError(source, f"model_type {model_type!r} without a text_config object")
+    merged = {"model_type": text_type, **text}
     for name in ("tie_word_embeddings", "eos_token_id", "bos_token_id"):
         if name not in merged and name in config_json:
             merged[name] = config_json[name]

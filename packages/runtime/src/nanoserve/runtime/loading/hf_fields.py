@@ -16,7 +16,7 @@ from nanoserve.runtime.loading.config_fields import (
     check_unbuilt_fields,
     granite_number,
     or_default,
-    qwen3_5_text_config,
+    text_config,
     token_ids,
 )
 from nanoserve.runtime.loading.encoder_layers import ENCODER_MODEL_TYPES, encoder_fields
@@ -27,7 +27,7 @@ from nanoserve.runtime.loading.layer_pattern import (
     no_rope_layers,
     sliding_window,
 )
-from nanoserve.runtime.loading.per_layer_inputs import gemma4_fields, gemma4_text_config
+from nanoserve.runtime.loading.per_layer_inputs import gemma4_fields
 from nanoserve.runtime.loading.recurrent_layers import (
     granite_mamba,
     lfm2_intermediate_size,
@@ -49,10 +49,10 @@ def hf_model_fields(
     if model_type in ENCODER_MODEL_TYPES:  # BERT, RoBERTa/XLM-R, NomicBERT
         return encoder_fields(config_json, source)
     if model_type in ("qwen3_5", "qwen3_5_moe"):  # with the vision tower: the text is read
-        config_json = qwen3_5_text_config(config_json, source)
+        config_json = text_config(config_json, "qwen3_5_text", source)
         model_type = config_json.get("model_type")
     if model_type == "gemma4":  # with its vision and audio towers: the text is read
-        config_json = gemma4_text_config(config_json, source)
+        config_json = text_config(config_json, "gemma4_text", source)
         model_type = config_json.get("model_type")
     if model_type == "gemma3":  # the multimodal checkpoint: a vision tower beside the text
         raise UnsupportedModelError(

@@ -38,19 +38,6 @@ class PerLayerInputs:
     width: int
 
 
-def gemma4_text_config(config_json: Mapping[str, Any], source: str) -> dict[str, Any]:
-    """The language model's config of a Gemma 4 checkpoint with its towers (its `text_config`,
-    with the top level's token ids and tying where it leaves them out)."""
-    text = config_json.get("text_config")
-    if not isinstance(text, Mapping):
-        raise ConfigError(source, "model_type 'gemma4' without a text_config object")
-    merged = {"model_type": "gemma4_text", **text}
-    for name in ("tie_word_embeddings", "eos_token_id", "bos_token_id"):
-        if name not in merged and name in config_json:
-            merged[name] = config_json[name]
-    return merged
-
-
 def gemma4_fields(
     config_json: Mapping[str, Any], num_layers: int, kinds: list[str], source: str
 ) -> dict[str, Any]:

@@ -39,6 +39,22 @@ class LayerKind:
     shares_kv: bool = False
 
 
+def kv_pool_layers(config: ModelConfig) -> dict[int, int]:
+    """Each attention layer's layer of the K/V pool: the writing layers' ordinals; a K/V-sharing
+    layer (Gemma 4) reads the one of the layer it shares."""
+    index = {layer: i for i, layer in enumerate(config.kv_layers)}
+    return index | {layer: index[config.kv_source(layer)] for layer in config.shared_kv_layers}
+
+
+def state_tensors(config: ModelConfig) -> dict[int, int]:
+    """Each recurrent layer's first tensor in the state pool (DeltaNet's and Mamba2's window,
+    then their matrix, follow)."""
+    first: dict[int, int] = {}
+    for layer in config.recurrent_layers:
+        first[layer] = sum(len(config.layer_state_shapes(earlier)) for earlier in first)
+    return first
+
+
 def layer_kinds(config: ModelConfig) -> tuple[LayerKind, ...]:
     """Each layer's attention: its window (None: the whole context), its rotary table (0:
     the global base; 1: the sliding layers' own base; None: no rotary) and its heads."""

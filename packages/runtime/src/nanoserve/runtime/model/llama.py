@@ -47,10 +47,10 @@ from nanoserve.runtime.model.expert_arena import expert_arena
 from nanoserve.runtime.model.experts import ExpertUsage, ExpertWeights, routed_mlp
 from nanoserve.runtime.model.int8_weight import Int8Weight
 from nanoserve.runtime.model.kv_pool import CacheRows
-from nanoserve.runtime.model.layer_kind import layer_kinds
+from nanoserve.runtime.model.layer_kind import kv_pool_layers, layer_kinds, state_tensors
 from nanoserve.runtime.model.layer_ops import CpuKernelOps, LayerOps, TorchOps
 from nanoserve.runtime.model.model_weights import assemble_weights
-from nanoserve.runtime.model.per_layer_embedding import per_layer_branch, per_layer_inputs
+from nanoserve.runtime.model.per_layer_embedding import layer_tail, per_layer_inputs
 from nanoserve.runtime.model.quant_weight import QuantLinear, QuantWeight
 from nanoserve.runtime.model.recurrent_mixer import recurrent_mix
 from nanoserve.runtime.model.rotary import rotary_table
@@ -118,18 +118,8 @@ class LlamaModel:
         # The rotary tables cover what the deployment serves, not a 128k-position config.
         positions = min(config.max_position_embeddings, max_positions or 1 << 62)
         self.kinds = layer_kinds(config)
-        # Where each layer keeps what it carries: an attention layer's K/V in the pool's layer
-        # of that ordinal, a recurrent layer's state in the state pool's tensor of its own.
-        # A K/V-sharing layer (Gemma 4) reads the pool's layer of the layer it shares.
-        self.kv_index = {layer: i for i, layer in enumerate(config.kv_layers)}
-        for layer in config.shared_kv_layers:
-            self.kv_index[layer] = self.kv_index[config.kv_source(layer)]
-        # A recurrent layer's first state tensor (DeltaNet's window, then its matrix, follow).
-        self.state_index: dict[int, int] = {}
-        for layer in config.recurrent_layers:
-            self.state_index[layer] = sum(
-                len(config.layer_state_shapes(earlier)) for earlier in self.state_index
-            )
+        # Where each layer keeps what it carries (layer_kind.py).
+        self.kv_index, self.state_index = kv_pool_layers(config), state_tensors(config)
         # Table 0 (the global base) always, so a layer without rotary has a shape to copy.
         tables = sorted({0} | {k.rotary for k in self.kinds if k.rotary is not None})
         self.rotary_tables = [
@@ -320,13 +310,8 @@ class LlamaModel:
         x = ops.residual(self.embed[plan.input_ids])  # [tokens, hidden]
         if cfg.embedding_multiplier != 1.0:
             x = x * cfg.embedding_multiplier
-        layer_inputs = None  # Gemma 4's [tokens, layers, width]
-        if self.per_layer is not None:
-            assert cfg.per_layer_inputs is not None
-            layer_inputs = per_layer_inputs(
-                plan.input_ids, x, self.per_layer, cfg.per_layer_inputs, cfg.num_layers,
-                self._linear, ops.rms_norm,
-            )  # fmt: skip
+        # Gemma 4's [tokens, layers, width], or None
+        layer_inputs = per_layer_inputs(plan.input_ids, x, self.per_layer, cfg, self._linear, ops)
         rotary = ops.rotary(plan)  # once per table for all layers
         h = ops.rms_norm(x, self.layers[0].input_norm)
         for index, (layer, kind) in enumerate(zip(self.layers, self.kinds, strict=True)):
@@ -394,14 +379,8 @@ class LlamaModel:
             if cfg.residual_multiplier != 1.0:
                 down = down * cfg.residual_multiplier
             if layer.per_layer is not None or layer.scalar is not None:  # Gemma 4's tail
-                x.add_(down)
-                if layer.per_layer is not None:
-                    assert layer_inputs is not None
-                    x.add_(per_layer_branch(
-                        x, layer_inputs[:, index], layer.per_layer, self._linear, ops.rms_norm
-                    ).to(x.dtype))  # fmt: skip
-                if layer.scalar is not None:
-                    x.mul_(layer.scalar.to(x.dtype))
+                inputs = None if layer_inputs is None else layer_inputs[:, index]
+                layer_tail(x, down, inputs, layer.per_layer, layer.scalar, self._linear, ops)
                 if index + 1 < len(self.layers):
                     h = ops.rms_norm(x, self.layers[index + 1].input_norm)
             elif index + 1 < len(self.layers):

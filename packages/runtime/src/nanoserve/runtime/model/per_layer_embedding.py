@@ -16,12 +16,12 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from nanoserve.runtime.loading.per_layer_inputs import PerLayerInputs
+from nanoserve.runtime.loading.model_config import ModelConfig
 from nanoserve.runtime.model.embedding import QuantEmbedding
+from nanoserve.runtime.model.layer_ops import LayerOps
 from nanoserve.runtime.model.weight_forms import Linear
 
 LinearFn = Callable[[torch.Tensor, Linear], torch.Tensor]
-NormFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,29 +45,39 @@ class PerLayerBranch:
 def per_layer_inputs(
     input_ids: torch.Tensor,  # [tokens]
     embeddings: torch.Tensor,  # [tokens, hidden], the first table's rows already scaled
-    weights: PerLayerEmbedding,
-    shape: PerLayerInputs,
-    num_layers: int,
+    weights: PerLayerEmbedding | None,
+    config: ModelConfig,
     linear: LinearFn,
-    rms_norm: NormFn,
-) -> torch.Tensor:
-    """Every layer's input for each token: [tokens, layers, width] float32."""
-    tokens, width = input_ids.shape[0], shape.width
+    ops: LayerOps,
+) -> torch.Tensor | None:
+    """Every layer's input for each token: [tokens, layers, width] float32 (None: a model
+    without per-layer inputs)."""
+    if weights is None:
+        return None
+    assert config.per_layer_inputs is not None
+    tokens, width, num_layers = input_ids.shape[0], config.per_layer_inputs.width, config.num_layers
     rows = weights.table[input_ids].float() * width**0.5  # [tokens, layers * width]
     hidden = embeddings.shape[1]
     mixed = linear(embeddings, weights.projection).float() * hidden**-0.5
-    mixed = rms_norm(mixed.reshape(tokens * num_layers, width).contiguous(), weights.norm)
+    mixed = ops.rms_norm(mixed.reshape(tokens * num_layers, width).contiguous(), weights.norm)
     layered = (tokens, num_layers, width)
     return (mixed.float().view(layered) + rows.view(layered)) * 2**-0.5
 
 
-def per_layer_branch(
-    x: torch.Tensor,  # [tokens, hidden], the residual stream after the layer's MLP
-    inputs: torch.Tensor,  # [tokens, width], this layer's slice of per_layer_inputs
-    branch: PerLayerBranch,
+def layer_tail(
+    x: torch.Tensor,  # [tokens, hidden], the residual stream, added to in place
+    down: torch.Tensor,  # [tokens, hidden], the MLP's output
+    inputs: torch.Tensor | None,  # [tokens, width], this layer's slice of per_layer_inputs
+    branch: PerLayerBranch | None,
+    scalar: torch.Tensor | None,  # [1], the layer's output scale
     linear: LinearFn,
-    rms_norm: NormFn,
-) -> torch.Tensor:
-    """What the branch adds to the residual stream: [tokens, hidden]."""
-    gate = F.gelu(linear(x, branch.gate).float(), approximate="tanh") * inputs
-    return rms_norm(linear(gate.to(x.dtype), branch.projection), branch.norm)
+    ops: LayerOps,
+) -> None:
+    """A Gemma 4 layer's end, in place: x += down; x += the per-layer branch; x *= scalar."""
+    x.add_(down)
+    if branch is not None:
+        assert inputs is not None
+        gate = F.gelu(linear(x, branch.gate).float(), approximate="tanh") * inputs
+        x.add_(ops.rms_norm(linear(gate.to(x.dtype), branch.projection), branch.norm).to(x.dtype))
+    if scalar is not None:
+        x.mul_(scalar.to(x.dtype))
