@@ -5,6 +5,7 @@ tests/runtime/model/test_gemma3_file.py."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -178,3 +179,95 @@ def test_scores_of_another_length_are_refused() -> None:
     meta["tokenizer.ggml.scores"] = meta["tokenizer.ggml.scores"][:-1]
     with pytest.raises(TokenizerError, match="disagree"):
         Tokenizer.from_gguf_metadata(meta, source="tiny-spm")
+
+
+# Gemma 4's form ("gemma4"): the same spelling, merged by the file's own ranks. Ranks that the
+# scores above would not give: "ab" before "bc", so "abc" is ab+c, then abc.
+GEMMA4_MERGES = [
+    "a b", "ab c", f"{SPACE} a", f"{SPACE}a b", "a a", "c d", "d d", "dd d", f"{SPACE} {SPACE}",
+]  # fmt: skip
+
+
+def gemma4_metadata() -> dict[str, Any]:
+    meta = metadata()
+    tokens, types = meta["tokenizer.ggml.tokens"], meta["tokenizer.ggml.token_type"]
+    tokens[3:5] = ["<turn|>", "\n"]  # Gemma 4's end of turn; a lone newline is a normal token
+    types[4] = NORMAL
+    tokens.append("\n\n")
+    types.append(NORMAL)
+    meta["tokenizer.ggml.scores"].append(0.0)
+    return {
+        **meta,
+        "tokenizer.ggml.model": "gemma4",
+        "tokenizer.ggml.merges": [*GEMMA4_MERGES, "\n \n"],
+    }
+
+
+def llamacpp_gemma4(text: str, meta: dict[str, Any]) -> list[int]:
+    """llama.cpp's BPE as its `gemma4` pre-type runs it: spaces as ▁, the text split into runs
+    of newlines and runs of anything else, in each the lowest-ranked adjacent pair merged (the
+    leftmost on a tie) until none is a merge, then bytes for symbols that are no token."""
+    tokens = meta["tokenizer.ggml.tokens"]
+    ids = {t: i for i, t in reversed(list(enumerate(tokens)))}
+    ranks = {tuple(m.split(" ", 1)) if not m.startswith(" ") else (m[0], m[2:]): r
+             for r, m in enumerate(meta["tokenizer.ggml.merges"])}  # fmt: skip
+    out: list[int] = []
+    for run in re.findall(r"[^\n]+|[\n]+", text.replace(" ", SPACE)):
+        symbols = list(run)
+        while True:
+            pairs = [(ranks.get((symbols[i], symbols[i + 1])), i) for i in range(len(symbols) - 1)]
+            best = min(((r, i) for r, i in pairs if r is not None), default=None)
+            if best is None:
+                break
+            i = best[1]
+            symbols[i : i + 2] = [symbols[i] + symbols[i + 1]]
+        for symbol in symbols:
+            if symbol in ids:
+                out.append(ids[symbol])
+            else:
+                out.extend(ids[f"<0x{b:02X}>"] for b in symbol.encode())
+    return out
+
+
+@pytest.fixture(scope="module")
+def gemma4() -> Tokenizer:
+    return Tokenizer.from_gguf_metadata(gemma4_metadata(), source="tiny-gemma4")
+
+
+@pytest.mark.parametrize(
+    ("text", "pieces"),
+    [
+        ("abc", ["abc"]),  # a+b ranks first here, then ab+c
+        ("ab ab", ["ab", SPACE, "ab"]),  # a+b ranks above ▁+a, and ▁+ab is no merge
+        ("dddd", ["dd", "dd"]),  # d+d leftmost, then d+d (it ranks above dd+d)
+        ("a\n\nb", ["a", "\n\n", "b"]),  # the newline run apart, merged by its own rank
+        ("e", ["<0x65>"]),
+    ],
+)
+def test_gemma4_vocabulary_pieces(gemma4: Tokenizer, text: str, pieces: list[str]) -> None:
+    ids = gemma4.encode(text, add_special_tokens=False)
+    assert [gemma4.id_to_token(i) for i in ids] == pieces
+    assert ids == llamacpp_gemma4(text, gemma4_metadata())
+    assert gemma4.decode(ids) == text
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(alphabet="abcdé ü\n", max_size=24))
+def test_gemma4_is_llamacpps_bpe(gemma4: Tokenizer, text: str) -> None:
+    ids = gemma4.encode(text, add_special_tokens=False)
+    assert ids == llamacpp_gemma4(text, gemma4_metadata())
+    assert gemma4.decode(ids) == text
+
+
+def test_gemma4_begins_with_bos_and_ends_turns() -> None:
+    # the file says no BOS; llama.cpp adds one to every Gemma 4 sequence all the same
+    tokenizer = Tokenizer.from_gguf_metadata(gemma4_metadata(), source="tiny-gemma4")
+    assert tokenizer.encode("ab") == [1, tokenizer.token_to_id("ab")]
+    assert tokenizer.eos_token_ids == (2, 3)  # </s>, and <turn|>
+
+
+def test_gemma4_without_merges_is_refused() -> None:
+    meta = gemma4_metadata()
+    del meta["tokenizer.ggml.merges"]
+    with pytest.raises(TokenizerError, match=r"without tokenizer\.ggml\.merges"):
+        Tokenizer.from_gguf_metadata(meta, source="tiny-gemma4")

@@ -7,6 +7,12 @@ left over in byte tokens (`<0x41>`). A BPE whose merges are every split of a tok
 tokens, ranked by the joined token's score, merges in the same order. Spaces are written `▁`
 (U+2581), with one put in front where the file says `add_space_prefix`. User-defined tokens
 (Gemma's runs of newlines) are matched whole in the raw text first, as llama.cpp does.
+
+Gemma 4's vocabulary (`tokenizer.ggml.model` "gemma4") is spelled the same way, but the file
+holds its merges (`tokenizer.ggml.merges`, "a b" by rank), which llama.cpp applies as they
+stand: over the text's characters (not GPT-2's byte alphabet), within each run of newlines and
+each run of anything else (its `[^\n]+|[\n]+`), with no space put in front, and byte tokens
+for what no merge reaches (`gemma4_backend`).
 """
 
 from __future__ import annotations
@@ -15,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import tokenizers
-from tokenizers import AddedToken, decoders, models, normalizers
+from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers
 
 from nanoserve.runtime.errors import TokenizerError
 
@@ -27,11 +33,42 @@ TOKEN_TYPE_USER_DEFINED = 4
 TOKEN_TYPE_BYTE = 6
 # Control tokens that end a turn, by text: llama.cpp stops on these as on end-of-sequence, where
 # a file names only the latter (Gemma's files name <eos>, and turns end in <end_of_turn>).
-END_OF_TURN_TEXTS = frozenset({"<end_of_turn>", "<|eot_id|>", "<|im_end|>", "<|end|>", "<EOT>"})
+# Gemma 4 ends a turn with <turn|>, and stops at <|tool_response>, where a tool's answer is due.
+END_OF_TURN_TEXTS = frozenset(
+    {"<end_of_turn>", "<|eot_id|>", "<|im_end|>", "<|end|>", "<EOT>", "<turn|>", "<|tool_response>"}
+)
+NEWLINE_RUNS = r"[^\n]+|[\n]+"  # Gemma 4's pre-split: runs of newlines, runs of anything else
 
 
 def spm_backend(metadata: Mapping[str, Any], source: str) -> tokenizers.Tokenizer:
     """The tokenizers.Tokenizer of a SentencePiece GGUF vocabulary (no post-processor)."""
+    tokens, scores, types = _vocabulary(metadata, source)
+    vocab = _ids(tokens, source)
+    space_prefix = bool(metadata.get("tokenizer.ggml.add_space_prefix", True))
+    merges = _merges(tokens, scores, types, vocab)
+    return _backend(tokens, types, vocab, merges, space_prefix, newline_runs=False)
+
+
+def gemma4_backend(metadata: Mapping[str, Any], source: str) -> tokenizers.Tokenizer:
+    """The tokenizers.Tokenizer of Gemma 4's GGUF vocabulary: the file's own merges, applied
+    within runs of newlines and runs of anything else, no space in front."""
+    tokens, _, types = _vocabulary(metadata, source)
+    vocab = _ids(tokens, source)
+    stored = metadata.get("tokenizer.ggml.merges")
+    if not stored:
+        raise TokenizerError(source, "a 'gemma4' vocabulary without tokenizer.ggml.merges")
+    merges: list[tuple[str, str]] = []
+    for merge in stored:
+        cut = merge.find(" ", 1)  # a merge's left part may itself be a lone space
+        if cut < 0:
+            raise TokenizerError(source, f"merge {merge!r} is not two space-separated tokens")
+        merges.append((merge[:cut], merge[cut + 1 :]))
+    return _backend(tokens, types, vocab, merges, space_prefix=False, newline_runs=True)
+
+
+def _vocabulary(
+    metadata: Mapping[str, Any], source: str
+) -> tuple[list[str], Sequence[float], Sequence[int]]:
     tokens: list[str] = list(metadata["tokenizer.ggml.tokens"])
     scores: Sequence[float] = metadata.get("tokenizer.ggml.scores") or [0.0] * len(tokens)
     types: Sequence[int] = metadata.get("tokenizer.ggml.token_type") or [1] * len(tokens)
@@ -40,33 +77,47 @@ def spm_backend(metadata: Mapping[str, Any], source: str) -> tokenizers.Tokenize
             source,
             f"{len(tokens)} tokens, {len(scores)} scores and {len(types)} token types disagree",
         )
+    return tokens, scores, types
+
+
+def _ids(tokens: Sequence[str], source: str) -> dict[str, int]:
+    """Each text's id (a repeated text is reached by its first), byte tokens checked."""
     vocab: dict[str, int] = {}
     for index, token in enumerate(tokens):
-        vocab.setdefault(token, index)  # a repeated text is reached by its first id
+        vocab.setdefault(token, index)
     missing_bytes = [b for b in range(256) if f"<0x{b:02X}>" not in vocab]
     if missing_bytes:
         raise TokenizerError(
             source, f"a SentencePiece vocabulary without byte tokens (<0x{missing_bytes[0]:02X}>)"
         )
+    return vocab
+
+
+def _backend(
+    tokens: Sequence[str],
+    types: Sequence[int],
+    vocab: dict[str, int],
+    merges: list[tuple[str, str]],
+    space_prefix: bool,
+    newline_runs: bool,
+) -> tokenizers.Tokenizer:
     unknown = next((t for t, k in zip(tokens, types, strict=True) if k == TOKEN_TYPE_UNKNOWN), None)
     bpe = models.BPE(
-        vocab=vocab,
-        merges=_merges(tokens, scores, types, vocab),
-        unk_token=unknown,
-        fuse_unk=True,
-        byte_fallback=True,
+        vocab=vocab, merges=merges, unk_token=unknown, fuse_unk=True, byte_fallback=True
     )
     backend = tokenizers.Tokenizer(bpe)
     escape: list[normalizers.Normalizer] = [normalizers.Replace(" ", SPACE)]
-    if metadata.get("tokenizer.ggml.add_space_prefix", True):
+    if space_prefix:
         escape.insert(0, normalizers.Prepend(SPACE))
     backend.normalizer = normalizers.Sequence(escape)
+    if newline_runs:
+        backend.pre_tokenizer = pre_tokenizers.Split(Regex(NEWLINE_RUNS), "isolated")
     steps: list[decoders.Decoder] = [
         decoders.Replace(SPACE, " "),
         decoders.ByteFallback(),
         decoders.Fuse(),
     ]
-    if metadata.get("tokenizer.ggml.add_space_prefix", True):
+    if space_prefix:
         steps.append(decoders.Strip(" ", 1, 0))
     backend.decoder = decoders.Sequence(steps)
     special = [t for t, k in zip(tokens, types, strict=True) if k == TOKEN_TYPE_CONTROL]

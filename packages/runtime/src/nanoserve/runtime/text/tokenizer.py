@@ -2,7 +2,8 @@
 
 `Tokenizer` wraps a `tokenizers.Tokenizer` built either from a Hugging Face `tokenizer.json` or from
 a GGUF file's `tokenizer.ggml.*` metadata: GPT-2 style byte-level BPE ("gpt2": Llama 3, Qwen,
-SmolLM), or a SentencePiece vocabulary ("llama": Gemma, Llama 2; spm_vocab.py). Either way the
+SmolLM), or a SentencePiece vocabulary ("llama": Gemma, Llama 2; "gemma4", the same spelling
+merged by the file's ranks; spm_vocab.py). Either way the
 result serialises to a `tokenizer.json` (`to_json`), which is how `convert.py` writes one.
 """
 
@@ -17,7 +18,7 @@ import tokenizers
 from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers, processors
 
 from nanoserve.runtime.errors import TokenizerError
-from nanoserve.runtime.text.spm_vocab import end_of_turn_ids, spm_backend
+from nanoserve.runtime.text.spm_vocab import end_of_turn_ids, gemma4_backend, spm_backend
 from nanoserve.runtime.text.ugm_vocab import unigram_backend
 from nanoserve.runtime.text.wpm_vocab import wordpiece_backend
 
@@ -81,8 +82,8 @@ class Tokenizer:
     def from_gguf_metadata(cls, metadata: Mapping[str, Any], *, source: str) -> Tokenizer:
         """Rebuild the tokenizer a GGUF file describes in `tokenizer.ggml.*`."""
         model = metadata.get("tokenizer.ggml.model")
-        if model == "llama":
-            return cls._from_spm_metadata(metadata, source)
+        if model in ("llama", "gemma4"):  # SentencePiece's spelling (Gemma 4's with merges)
+            return cls._from_spm_metadata(metadata, source, gemma4=model == "gemma4")
         if model in ("bert", "t5"):  # an encoder's: framed by its post-processor
             make = wordpiece_backend if model == "bert" else unigram_backend
             return cls(make(metadata, source), eos_token_ids=(), bos_token_id=None)
@@ -90,7 +91,8 @@ class Tokenizer:
             raise TokenizerError(
                 source,
                 f"tokenizer.ggml.model={model!r}: only 'gpt2' (byte-level BPE), 'llama'"
-                " (SentencePiece), 'bert' (WordPiece) and 't5' (Unigram) are supported",
+                " (SentencePiece), 'gemma4' (SentencePiece's spelling, merged by rank),"
+                " 'bert' (WordPiece) and 't5' (Unigram) are supported",
             )
         tokens: list[str] = list(_required(metadata, "tokenizer.ggml.tokens", source))
         merges: list[str] = list(_required(metadata, "tokenizer.ggml.merges", source))
@@ -131,16 +133,20 @@ class Tokenizer:
         return cls._finish(backend, metadata, tokens, source)
 
     @classmethod
-    def _from_spm_metadata(cls, metadata: Mapping[str, Any], source: str) -> Tokenizer:
+    def _from_spm_metadata(
+        cls, metadata: Mapping[str, Any], source: str, gemma4: bool = False
+    ) -> Tokenizer:
         tokens: list[str] = list(_required(metadata, "tokenizer.ggml.tokens", source))
         try:
-            backend = spm_backend(metadata, source)
+            backend = (gemma4_backend if gemma4 else spm_backend)(metadata, source)
         except Exception as error:  # tokenizers raises a bare Exception for a bad vocabulary
             if isinstance(error, TokenizerError):
                 raise
             raise TokenizerError(
                 source, f"inconsistent SentencePiece vocabulary: {error}"
             ) from None
+        if gemma4:  # llama.cpp begins every Gemma 4 sequence with its BOS, whatever the file says
+            metadata = {**metadata, "tokenizer.ggml.add_bos_token": True}
         return cls._finish(backend, metadata, tokens, source, extra_eos=end_of_turn_ids(metadata))
 
     @classmethod
