@@ -208,6 +208,26 @@ TINY_ARCH_OVERRIDES: dict[str, dict[str, Any]] = {
         "final_logit_softcapping": 5.0,
         "pad_token_id": None,
     },
+    # Gemma 4 26B-A4B's form: sliding and full layers alternating as above, no per-layer inputs
+    # and no shared K/V, each layer's dense MLP (64) beside 4 experts of 32, 2 a token
+    "gemma4_moe": {
+        "head_dim": 16,
+        "global_head_dim": 32,
+        "num_global_key_value_heads": 1,
+        "attention_k_eq_v": True,
+        "num_hidden_layers": 4,
+        "layer_types": ["sliding_attention", "full_attention"] * 2,
+        "sliding_window": 4,
+        "num_kv_shared_layers": 0,
+        "hidden_size_per_layer_input": 0,
+        "intermediate_size": 64,
+        "enable_moe_block": True,
+        "num_experts": 4,
+        "top_k_experts": 2,
+        "moe_intermediate_size": 32,
+        "final_logit_softcapping": 5.0,
+        "pad_token_id": None,
+    },
     # OLMoE: the same experts, their weights as the softmax gave them, q and k normed whole
     "olmoe": {
         "num_experts": 4,
@@ -321,6 +341,7 @@ def make_tiny_model_dir(
         "olmoe": (transformers.OlmoeConfig, transformers.OlmoeForCausalLM),
         "gpt_oss": (transformers.GptOssConfig, transformers.GptOssForCausalLM),
         "gemma4": (transformers.Gemma4TextConfig, transformers.Gemma4ForCausalLM),
+        "gemma4_moe": (transformers.Gemma4TextConfig, transformers.Gemma4ForCausalLM),
     }[arch]
     geometry = {**_TINY_GEOMETRY, **TINY_ARCH_OVERRIDES.get(arch, {})}
     config = config_cls(**{**geometry, "tie_word_embeddings": tie, **overrides})
@@ -443,7 +464,7 @@ def write_tiny_gguf(
     experts = config.get("num_experts", config.get("num_local_experts"))  # 5.x: the latter
     if experts and arch_name != "granitehybrid":  # as llama.cpp's Qwen3-MoE, OLMoE converters
         writer.add_expert_count(experts)
-        writer.add_expert_used_count(config["num_experts_per_tok"])
+        writer.add_expert_used_count(config.get("num_experts_per_tok", config.get("top_k_experts")))
         if "moe_intermediate_size" in config:
             writer.add_expert_feed_forward_length(config["moe_intermediate_size"])
         if "num_dense_layers" in config:  # LFM2-MoE's dense prefix, sigmoid scores
@@ -559,6 +580,9 @@ def write_tiny_gguf(
             for stored_name, stored_values in stored:
                 put(stored_name, stored_values)
             continue
+        if gemma4 and (gemma4_name := _gemma4_gguf_name(name)) is not None:
+            put(gemma4_name, values)
+            continue
         if ".experts." in name:  # `model.layers.{i}.{mlp|feed_forward}.experts.{e}.{part}.weight`
             _, _, layer, _, _, expert, part, _ = name.split(".")
             stacks.setdefault(f"blk.{layer}.{_EXPERT_TO_GGUF[part]}.weight", {})[int(expert)] = (
@@ -658,6 +682,23 @@ def _gemma4_gguf_keys(writer: Any, config: Mapping[str, Any]) -> dict[str, Any]:
     turned = int(full_dim * rope["full_attention"]["partial_rotary_factor"] / 2)
     factors = np.array([1.0] * turned + [1e30] * (full_dim // 2 - turned), dtype=np.float32)
     return {"rope_freqs.weight": (factors, None)}
+
+
+# Gemma 4's experts block as llama.cpp's converter names it: the stacks (gate and up fused),
+# the router's input scale, each expert's weight scale
+_GEMMA4_GGUF = {
+    "experts.gate_up_proj": "ffn_gate_up_exps.weight",
+    "experts.down_proj": "ffn_down_exps.weight",
+    "router.scale": "ffn_gate_inp.scale",
+    "router.per_expert_scale": "ffn_down_exps.scale",
+}
+
+
+def _gemma4_gguf_name(name: str) -> str | None:
+    parts = name.split(".", 3)
+    if len(parts) == 4 and parts[3] in _GEMMA4_GGUF:
+        return f"blk.{parts[2]}.{_GEMMA4_GGUF[parts[3]]}"
+    return None
 
 
 def _llama3_rope_factors(rope: Mapping[str, Any], head_dim: int) -> np.ndarray:

@@ -41,6 +41,7 @@ ARCHS = [
     "granite_moe",
     "gpt_oss",
     "gemma4",
+    "gemma4_moe",
 ]
 # Granite's Mamba2 state sums dt * x * B^T over the prompt, and the random tiny model's large dt
 # carries the int8 activations' rounding along: measured 0.02 at its first token, 0.05-0.23 later

@@ -163,3 +163,68 @@ def test_topk_softmax_routing_weighs_the_chosen_by_a_softmax_over_them() -> None
     rescaled, again = route(LOGITS, experts_of(normalize=True))
     assert torch.equal(again, chosen)
     assert torch.allclose(weights, rescaled, rtol=1e-6, atol=0)
+
+
+def test_gemma4_experts_beside_the_mlp_match_float64() -> None:
+    """Gemma 4's block against float64, written out: the router on the residual RMS-normed
+    (no weight) times its scale and hidden^-0.5, softmax, top 2 (experts 1 and 2 tie on every
+    row: their router rows are equal, so 1 ranks first), rescaled, times each expert's scale;
+    the experts (GeGLU) on the residual through their own norm; the dense MLP's output and the
+    experts' normed apart, then summed."""
+    import torch.nn.functional as F
+
+    from nanoserve.runtime.model.experts import ExpertWeights, experts_beside_mlp
+
+    g = torch.Generator().manual_seed(0)
+    hidden, num, inter, eps = 8, 4, 4, 1e-6
+
+    def rand(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=g)
+
+    router = rand(num, hidden)
+    router[2] = router[1]
+    gate_up, down = (
+        [rand(2 * inter, hidden) for _ in range(num)],
+        [rand(hidden, inter) for _ in range(num)],
+    )
+    scale, expert_scale = rand(hidden), torch.tensor([0.5, 2.0, -1.0, 1.5])
+    norms = (rand(hidden).abs() + 0.5, rand(hidden).abs() + 0.5, rand(hidden).abs() + 0.5)
+    x, mlp_out = rand(5, hidden), rand(5, hidden)
+    weights = ExpertWeights(
+        router=router, gate_up=tuple(gate_up), down=tuple(down),
+        router_scale=scale * hidden**-0.5, expert_scale=expert_scale, branch_norms=norms,
+    )  # fmt: skip
+    experts = ExpertLayers(
+        layers=(0,), num_experts=num, experts_per_token=2, intermediate_size=inter,
+        normalize=True, beside_mlp=True,
+    )  # fmt: skip
+
+    def rms(v: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return v * torch.rsqrt(v.pow(2).mean(-1, keepdim=True) + eps) * w
+
+    def geglu(h: torch.Tensor) -> torch.Tensor:
+        gate, up = h.chunk(2, dim=-1)
+        return F.gelu(gate, approximate="tanh") * up
+
+    ran: list[int] = []
+    got = experts_beside_mlp(
+        x, mlp_out, weights, experts, lambda v, w, b=None: F.linear(v, w, b), geglu, ran.append, rms
+    )
+    d = torch.float64
+    x64, pre, post1, post2 = x.to(d), *(n.to(d) for n in norms)
+    logits = rms(x64, torch.ones(hidden, dtype=d)) * scale.to(d) * hidden**-0.5 @ router.to(d).T
+    want = rms(mlp_out.to(d), post1)
+    for row in range(len(x)):
+        probs = torch.softmax(logits[row], 0).tolist()
+        assert probs[1] == probs[2]  # the tie
+        top = sorted(range(num), key=lambda e: (-probs[e], e))[:2]
+        total = sum(probs[e] for e in top)
+        h = rms(x64[row], pre)
+        routed = sum(
+            probs[e] / total * float(expert_scale[e])
+            * (down[e].to(d) @ geglu(gate_up[e].to(d) @ h))
+            for e in top
+        )  # fmt: skip
+        want[row] += rms(routed, post2)  # type: ignore[arg-type]
+    assert torch.allclose(got.to(d), want, rtol=1e-5, atol=1e-5)
+    assert set(ran) <= set(range(num)) and ran

@@ -19,7 +19,7 @@ from nanoserve.runtime.model.llama import LlamaModel
 from tests.runtime.hybrid_engine import PROMPT, engine_of, greedy, transformers_greedy
 from tests.runtime.paged_logits import paged_logits, rel_error
 
-FAMILIES = ["qwen3_moe", "olmoe", "qwen3_5_moe", "lfm2_moe", "granite_moe", "gpt_oss"]
+FAMILIES = ["qwen3_moe", "olmoe", "qwen3_5_moe", "lfm2_moe", "granite_moe", "gpt_oss", "gemma4_moe"]
 
 
 @pytest.fixture(scope="module", params=FAMILIES)
@@ -44,6 +44,8 @@ def test_the_configs_route_as_their_families(moe_dir: Path) -> None:
     arch = config.architecture
     olmoe, qwen3_5, lfm2 = arch == "olmoe", arch == "qwen3_5", arch == "lfm2"
     granite, gpt_oss = arch == "granitemoehybrid", arch == "gpt_oss"
+    gemma4 = arch == "gemma4"  # its experts beside the dense MLP, their router scaled
+    assert experts is not None and experts.beside_mlp is gemma4
     assert experts is not None and experts.layers == tuple(range(lfm2, config.num_layers))
     assert (experts.num_experts, experts.experts_per_token, experts.intermediate_size) == (4, 2, 32)
     # the others rescale the chosen weights; OLMoE not, Granite's softmax over the k needs not
@@ -64,7 +66,7 @@ def test_the_configs_route_as_their_families(moe_dir: Path) -> None:
     assert (experts.router_bias, experts.linear_biases) == (gpt_oss, gpt_oss)
     assert (experts.clamp, experts.alpha) == ((7.0, 1.702) if gpt_oss else (None, 1.0))
     assert (config.attention_sinks, config.output_bias) == (gpt_oss, gpt_oss)
-    assert config.sliding_layers == ((0, 2) if gpt_oss else ())
+    assert config.sliding_layers == ((0, 2) if gpt_oss or gemma4 else ())
 
 
 def test_greedy_tokens_are_transformers_and_survive_a_prefix_hit(

@@ -227,8 +227,12 @@ def expected_tensor_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
             shapes[f"{attn}.o_proj.bias"] = (hidden,)
         if attends and config.attention_sinks:
             shapes[f"{attn}.sinks"] = (config.num_heads,)
-        if config.experts is not None and i in config.experts.layers:  # the router, experts
-            shapes.update(config.experts.expert_shapes(mlp, hidden, config.fused_mlp))
+        experts = config.experts
+        routed = experts is not None and i in experts.layers
+        if routed and experts is not None:  # the router, experts
+            shapes.update(experts.expert_shapes(mlp, hidden, config.fused_mlp))
+        if routed and not (experts is not None and experts.beside_mlp):
+            pass  # the experts in place of the MLP (Gemma 4 keeps its MLP beside them)
         elif config.fused_mlp:
             shapes[f"{mlp}.gate_up_proj.weight"] = (2 * inter, hidden)
             shapes[f"{mlp}.down_proj.weight"] = (hidden, inter)
@@ -332,6 +336,14 @@ def gemma4_attention_shapes(config: ModelConfig, i: int) -> dict[str, tuple[int,
     return shapes
 
 
+# Gemma 4's experts block: the norm before the experts, and the two over each branch's output
+EXPERT_BRANCH_NORMS = (
+    "pre_feedforward_layernorm_2",
+    "post_feedforward_layernorm_1",
+    "post_feedforward_layernorm_2",
+)
+
+
 def layer_norm_names(config: ModelConfig) -> tuple[str, ...]:
     """A layer's RMSNorms by Hugging Face name: Llama's two (before attention, before the MLP);
     with sandwich norms (Gemma 3) four, where `post_attention_layernorm` normalises attention's
@@ -343,7 +355,11 @@ def layer_norm_names(config: ModelConfig) -> tuple[str, ...]:
             "pre_feedforward_layernorm",
             "post_feedforward_layernorm",
         )
-        extra = ("post_per_layer_input_norm",) if config.per_layer_inputs is not None else ()
+        extra: tuple[str, ...] = (
+            ("post_per_layer_input_norm",) if config.per_layer_inputs is not None else ()
+        )
+        if config.experts is not None and config.experts.beside_mlp:  # Gemma 4's experts block
+            extra += EXPERT_BRANCH_NORMS
         return sandwich + extra
     return ("input_layernorm", "post_attention_layernorm")
 

@@ -58,7 +58,7 @@ def convert_gguf(gguf_path: str | os.PathLike[str], out_dir: str | os.PathLike[s
     shapes, values = checkpoint.tensor_shapes(), _hf_values(checkpoint)
     if fuse:
         shapes, values = _fused_mlp_shapes(shapes), _fused_mlp_values(values)
-    if arch in ("granitemoehybrid", "gpt_oss") and model.experts is not None:  # as stacks
+    if arch in ("granitemoehybrid", "gpt_oss", "gemma4") and model.experts is not None:  # stacks
         values = stacked_values(arch, values, shapes)
         shapes = stacked_shapes(arch, shapes)
     shapes = {family_name(arch, name): shape for name, shape in shapes.items()}

@@ -16,7 +16,15 @@ rescaled to sum to one (`norm_topk_prob`, with 1e-6 under the sum) and times
 `routed_scaling_factor`; its first `num_dense_layers` layers keep a dense MLP. Granite 4.0-H
 (Tiny, Small) chooses the k highest logits and weighs them by a softmax over those k alone
 (`topk_softmax`), and keeps its dense MLP (`shared_mlp`) beside the experts on every layer,
-its output added: a shared expert stored under the MLP's own names (`shared_is_mlp`).
+its output added: a shared expert stored under the MLP's own names (`shared_is_mlp`). Gemma 4
+(26B-A4B, `enable_moe_block`) keeps its dense MLP too, but runs the experts beside it rather
+than adding them in (`beside_mlp`): each branch has its own norms (the experts read the residual
+through `pre_feedforward_layernorm_2`, the MLP's output and theirs are normed apart by
+`post_feedforward_layernorm_1` and `_2` before they are summed), the router reads the residual
+RMS-normed without a weight, times a learned scale and hidden^-0.5 (`router.scale`), scores by
+softmax, rescales the k to sum to one, then times each chosen expert's own scale
+(`router.per_expert_scale`); its experts are `moe_intermediate_size` wide and stacked
+(`experts.gate_up_proj`, `experts.down_proj`).
 
 A Hugging Face checkpoint stores each expert's linears apart (`mlp.experts.{e}.gate_proj`),
 the router as `mlp.gate` (Granite stacks them: hf_stacked.py); a GGUF stores them stacked (`ffn_gate_exps`: [experts, rows, cols])
@@ -61,6 +69,9 @@ class ExpertLayers:
     # (up + 1) * gate * sigmoid(alpha * gate); None: the model's SwiGLU
     clamp: float | None = None
     alpha: float = 1.0
+    # Gemma 4's: the experts beside the layer's dense MLP, each branch normed apart; the router
+    # on the normed, scaled residual; the k weights times each expert's own scale
+    beside_mlp: bool = False
 
     def check(self, num_layers: int, source: str) -> None:
         for name in ("num_experts", "experts_per_token", "intermediate_size"):
@@ -123,6 +134,9 @@ class ExpertLayers:
             shapes[f"{s}.down_proj.weight"] = (hidden, shared)
         if self.shared_gate:
             shapes[f"{prefix}.shared_expert_gate.weight"] = (1, hidden)
+        if self.beside_mlp:  # the router's input scale and each expert's weight scale
+            shapes[f"{prefix}.router_scale"] = (hidden,)
+            shapes[f"{prefix}.expert_scale"] = (self.num_experts,)
         if self.expert_bias:
             shapes[f"{prefix}.expert_bias"] = (self.num_experts,)
         return shapes
@@ -188,6 +202,17 @@ def hf_experts(arch: str, config_json: Mapping[str, Any], num_layers: int) -> Ex
             shared_size=config_json.get("shared_intermediate_size"),
             shared_is_mlp=True,
         )
+    if arch == "gemma4":  # 26B-A4B: every layer, beside its dense MLP
+        if not config_json.get("enable_moe_block"):
+            return None  # E2B, E4B, 31B
+        return ExpertLayers(
+            layers=tuple(range(num_layers)),
+            num_experts=experts,
+            experts_per_token=config_json.get("top_k_experts"),  # type: ignore[arg-type]
+            intermediate_size=config_json.get("moe_intermediate_size"),  # type: ignore[arg-type]
+            normalize=True,
+            beside_mlp=True,
+        )
     if arch == "olmoe":  # every layer routes; the experts are `intermediate_size` wide
         layers = tuple(range(num_layers))
         width = config_json.get("intermediate_size")
@@ -235,13 +260,19 @@ def experts_to_hf(arch: str, experts: ExpertLayers, num_layers: int) -> dict[str
         del out["num_experts"]
         out["num_local_experts"] = experts.num_experts
         out["intermediate_size"] = experts.intermediate_size
-    if arch in ("qwen3_5", "granitemoehybrid", "gpt_oss"):
+    if arch == "gemma4":
+        del out["num_experts_per_tok"]
+        out["enable_moe_block"] = True
+        out["top_k_experts"] = experts.experts_per_token
+        out["moe_intermediate_size"] = experts.intermediate_size
+    if arch in ("qwen3_5", "granitemoehybrid", "gpt_oss", "gemma4"):
         del out["norm_topk_prob"]
     return out
 
 
 # GGUF's stacked expert tensors -> each expert's linear, by Hugging Face part name
 GGUF_EXPERT_PARTS = {
+    "ffn_gate_up_exps": "gate_up_proj",  # Gemma 4's: each expert's gate rows, then its up rows
     "ffn_gate_exps": "gate_proj",
     "ffn_up_exps": "up_proj",
     "ffn_down_exps": "down_proj",
@@ -255,7 +286,14 @@ GGUF_SHARED_PARTS = {
     "ffn_gate_inp_shexp": "mlp.shared_expert_gate",
 }
 # Whether llama.cpp rescales each family's k weights (its graph fixes it, the file does not say)
-GGUF_NORMALIZE = {"qwen3_moe": True, "olmoe": False, "qwen3_5": True, "lfm2": True}
+GGUF_NORMALIZE = {
+    "qwen3_moe": True, "olmoe": False, "qwen3_5": True, "lfm2": True, "gemma4": True,
+}  # fmt: skip
+# Gemma 4's router input scale and per-expert weight scale, after `blk.N.`
+GGUF_GEMMA4_SCALES = {
+    "ffn_gate_inp.scale": "mlp.router_scale",
+    "ffn_down_exps.scale": "mlp.expert_scale",
+}
 # Granite's shared expert is its dense MLP (llama.cpp names it `ffn_*_shexp` when experts are
 # beside it); it weighs the k by a softmax over them (llama.cpp: softmax, top k, rescaled:
 # the same numbers)
@@ -298,4 +336,5 @@ def gguf_experts(
         # llama.cpp's gpt-oss graph fixes these (its swiglu_oai), the file does not hold them
         clamp=GPT_OSS_SWIGLU[0] if gpt_oss else None,
         alpha=GPT_OSS_SWIGLU[1] if gpt_oss else 1.0,
+        beside_mlp=arch == "gemma4",
     )

@@ -203,6 +203,7 @@ def _gemma4_config(
             max_position_embeddings=int(key("context_length")),
             eos_token_ids=tokenizer.eos_token_ids,
             bos_token_id=tokenizer.bos_token_id,
+            experts=gguf_experts("gemma4", key, num_layers, gguf_names),  # 26B-A4B's block
             **gemma4_gguf_fields(key, num_layers, gguf_names, factors, vocab),
         )
     except ConfigError as error:  # re-raised naming the file rather than the class

@@ -45,6 +45,7 @@ from nanoserve.runtime.loading.encoder_names import gguf_encoder_name
 from nanoserve.runtime.loading.expert_layers import (
     GGUF_EXPERT_BIAS,
     GGUF_EXPERT_PARTS,
+    GGUF_GEMMA4_SCALES,
     GGUF_SHARED_IS_MLP,
     GGUF_SHARED_PARTS,
 )
@@ -140,6 +141,10 @@ _LAYER_NAMES_BY_ARCH = {
         "inp_gate": "per_layer_input_gate",
         "proj": "per_layer_projection",
         "post_norm": "post_per_layer_input_norm",
+        # its experts block's norms (26B-A4B)
+        "pre_ffw_norm_2": "pre_feedforward_layernorm_2",
+        "post_ffw_norm_1": "post_feedforward_layernorm_1",
+        "post_ffw_norm_2": "post_feedforward_layernorm_2",
     },
     "phi3": _PHI3_LAYER_NAMES,
     "lfm2": _LAYER_NAMES | LFM2_LAYER_NAMES,
@@ -152,7 +157,7 @@ _WHOLE_NAMES_BY_ARCH = {
     "granitemoehybrid": GRANITE_WHOLE_NAMES,
     "lfm2": {GGUF_EXPERT_BIAS: "mlp.expert_bias"},  # LFM2-MoE's choosing bias
     "gpt_oss": {"attn_sinks.weight": "self_attn.sinks"},
-    "gemma4": {"layer_output_scale.weight": "layer_scalar"},
+    "gemma4": {"layer_output_scale.weight": "layer_scalar", **GGUF_GEMMA4_SCALES},
 }
 _ROPE_TENSORS = frozenset(
     {"rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight"}
@@ -298,6 +303,21 @@ def _experts(stacked: TensorInfo, layer: str, part: str, kind: str) -> dict[str,
     if not experts or stacked.num_bytes % experts:
         raise WeightsError("gguf", f"tensor {stacked.name!r} of {stacked.dims} is not stacked")
     size = stacked.num_bytes // experts
+    if part == "gate_up_proj":  # Gemma 4's: each expert's gate rows, then its up rows
+        if stacked.dims[1] % 2 or size % 2:
+            raise WeightsError("gguf", f"tensor {stacked.name!r} of {stacked.dims} is not halved")
+        cols, rows = stacked.dims[0], stacked.dims[1] // 2
+        return {
+            f"model.layers.{layer}.mlp.experts.{e}.{which}_proj.{kind}": TensorInfo(
+                f"{stacked.name}[{e}].{which}",
+                stacked.type_id,
+                (cols, rows),
+                stacked.offset + e * size + half * (size // 2),
+                size // 2,
+            )
+            for e in range(experts)
+            for half, which in enumerate(("gate", "up"))
+        }
     return {
         f"model.layers.{layer}.mlp.experts.{e}.{part}.{kind}": TensorInfo(
             f"{stacked.name}[{e}]",

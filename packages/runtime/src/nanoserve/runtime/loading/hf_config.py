@@ -152,5 +152,5 @@ def gemma4_to_hf(config: ModelConfig) -> dict[str, Any]:
         if inputs is not None
         else config.vocab_size,
         "final_logit_softcapping": config.final_logit_softcap,
-        "enable_moe_block": False,
+        "enable_moe_block": config.experts is not None,  # its fields: experts_to_hf
     }

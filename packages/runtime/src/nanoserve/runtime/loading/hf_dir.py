@@ -81,7 +81,7 @@ class HfDir:
         }
         split: dict[str, tuple[StackedPart, tuple[int, ...]]] = {}  # experts stored stacked
         for known, name in list(stored.items()):
-            if (parts := stacked_parts(arch, name, shapes[name])) is not None:
+            if (parts := stacked_parts(arch, name, shapes[name], known)) is not None:
                 del stored[known]
                 split.update(parts)
         if config.encoder is not None:  # q, k and v as one tensor or three: as the file has them

@@ -67,7 +67,7 @@ def hf_model_fields(
         )
     arch = HF_MODEL_TYPES[model_type]
     lfm2, qwen3_5, granite = arch == "lfm2", arch == "qwen3_5", arch == "granitemoehybrid"
-    moe = arch in ("qwen3_moe", "olmoe", "qwen3_5", "lfm2", "granitemoehybrid", "gpt_oss")
+    moe = arch in ("qwen3_moe", "olmoe", "qwen3_5", "lfm2", "granitemoehybrid", "gpt_oss", "gemma4")
     gpt_oss = arch == "gpt_oss"
     check_unbuilt_fields(arch, config_json, source)
     defaults = {

@@ -45,6 +45,13 @@ RENAMES: dict[str, tuple[tuple[str, str], ...]] = {
     "lfm2": LFM2_NAMES,
     "granitemoehybrid": GRANITE_NAMES,
     "gpt_oss": ((".mlp.router.", ".mlp.gate."),),  # its experts are stacked: hf_stacked.py
+    # Gemma 4's experts block (26B-A4B): the router and its scales, the stacked experts
+    "gemma4": (
+        (".router.proj.", ".mlp.gate."),
+        (".router.scale", ".mlp.router_scale"),
+        (".router.per_expert_scale", ".mlp.expert_scale"),
+        (".experts.", ".mlp.experts."),
+    ),
 }
 PREFIXES: dict[str, tuple[tuple[str, str], ...]] = {
     "qwen3_5": (("model.language_model.", "model."),),

@@ -14,8 +14,11 @@ Three stacked forms are read:
   `gate_up_proj_bias` [experts, 2 * width] (the same), `down_proj` [experts, width, hidden],
   `down_proj_bias` [experts, hidden].
 
-Converting back to a directory (`nanoserve convert`) writes Granite's and gpt-oss's stacked
-forms again, since transformers reads their experts in no other (`stacked_shapes`,
+Gemma 4's are transformers' own form, stored outside `mlp.` (`layers.3.experts.gate_up_proj`),
+and matched by the loader's name for them.
+
+Converting back to a directory (`nanoserve convert`) writes Granite's, gpt-oss's and Gemma 4's
+stacked forms again, since transformers reads their experts in no other (`stacked_shapes`,
 `stacked_values`).
 """
 
@@ -68,14 +71,16 @@ class StackedPart:
 
 
 def stacked_parts(
-    arch: str, stored: str, shape: tuple[int, ...]
+    arch: str, stored: str, shape: tuple[int, ...], known: str | None = None
 ) -> dict[str, tuple[StackedPart, tuple[int, ...]]] | None:
     """The per-expert linears a stored tensor holds, by the loader's name, each with its shape;
-    None for a tensor that is not a stack of experts."""
+    None for a tensor that is not a stack of experts. `known`: the loader's name for the stored
+    one (Gemma 4's `model.language_model.layers.3.experts.gate_up_proj` is
+    `model.layers.3.mlp.experts.gate_up_proj`, transformers' own form)."""
     if arch == "gpt_oss":
         return _gpt_oss_parts(stored, shape)
-    pattern = _STACKED.get(arch)
-    match = (pattern.fullmatch(stored) if pattern else None) or _TRANSFORMERS.fullmatch(stored)
+    pattern, name = _STACKED.get(arch), known or stored
+    match = (pattern.fullmatch(stored) if pattern else None) or _TRANSFORMERS.fullmatch(name)
     if match is None or len(shape) != 3:
         return None
     prefix, stack = match.groups()
@@ -131,6 +136,11 @@ def _stacks(
     """A layer's expert tensors (by part and kind: `gate.weight`: one per expert) as the
     family's stacks."""
     pairs = zip(held["gate.weight"], held["up.weight"], strict=True)
+    if arch == "gemma4":  # transformers' own stacks (family_name moves them out of `mlp.`)
+        return [
+            (f"{prefix}.mlp.experts.gate_up_proj", torch.stack([torch.cat(p) for p in pairs])),
+            (f"{prefix}.mlp.experts.down_proj", torch.stack(held["down.weight"])),
+        ]
     if arch == "gpt_oss":
         out = [
             (f"{prefix}.mlp.experts.gate_up_proj",

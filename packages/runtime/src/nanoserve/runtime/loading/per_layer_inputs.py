@@ -44,10 +44,6 @@ def gemma4_fields(
     """Gemma 4's ModelConfig fields from its `config.json`: the full layers' own shape (from
     `per_layer_config`, as transformers 5 writes it, or `global_head_dim` and
     `num_global_key_value_heads`), K/V sharing, per-layer inputs and the rest."""
-    if config_json.get("enable_moe_block"):
-        raise UnsupportedModelError(
-            source, "enable_moe_block=True (Gemma 4 26B-A4B's experts block) is not supported"
-        )
     full = [i for i, kind in enumerate(kinds) if kind == "full"]
     k_eq_v = bool(config_json.get("attention_k_eq_v", False))
     head_dim = config_json.get("global_head_dim", 512)

@@ -14,6 +14,8 @@ takes its expert's output by a mask. The linears are row-independent and each sl
 its expert's row, so both forms give every row the same bits; the k slots are then summed in
 rank order, the same adds in both.
 
+Gemma 4 runs its experts beside the dense MLP rather than in its place (`experts_beside_mlp`).
+
 `ExpertUsage` keeps which experts have run since boot: the share of the experts' bytes a
 deployment has read, which /health reports.
 """
@@ -52,6 +54,12 @@ class ExpertWeights:
     router_bias: torch.Tensor | None = None  # [experts]: added to the router's logits (gpt-oss)
     gate_up_bias: torch.Tensor | None = None  # [experts, 2 * intermediate] (gpt-oss)
     down_bias: torch.Tensor | None = None  # [experts, hidden] (gpt-oss)
+    # Gemma 4's experts block: the router reads RMSNorm(residual) times this [hidden] (its
+    # learned scale times hidden^-0.5); the k weights times this [experts] float32, by expert;
+    # the norms before the experts, after the dense MLP and after the experts, [hidden] each
+    router_scale: torch.Tensor | None = None
+    expert_scale: torch.Tensor | None = None
+    branch_norms: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
 
 
 @contextmanager
@@ -140,6 +148,8 @@ def mix_experts(
     """The routed MLP's output [rows, hidden]: each row's k experts' outputs times their
     weights, summed in rank order."""
     mix, chosen = route(router_logits, experts, weights.bias)
+    if weights.expert_scale is not None:  # Gemma 4: each chosen expert's own scale
+        mix = mix * weights.expert_scale[chosen]
     dispatch = static if is_static(h.device) else grouped
     outputs = dispatch(h, chosen, experts.num_experts, run)  # [rows, k, hidden]
     mix = mix.to(outputs.dtype)
@@ -165,11 +175,13 @@ def routed_mlp(
     linear: Callable[..., torch.Tensor],
     gated_act: Callable[[torch.Tensor], torch.Tensor],
     ran: Callable[[int], None],
+    router_input: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """A routed layer's output [rows, hidden]: the router, the mixture of the chosen experts
-    (`ran` told of each expert run), and a shared expert where there is one (Qwen3.5-MoE's,
-    times the sigmoid of its gate). `linear(x, w, bias=None)` and `gated_act` are the model's
-    own; gpt-oss's experts add their biases and gate by `clamped_swiglu`."""
+    """A routed layer's output [rows, hidden]: the router (on `router_input`, else `h`), the
+    mixture of the chosen experts (`ran` told of each expert run), and a shared expert where
+    there is one (Qwen3.5-MoE's, times the sigmoid of its gate). `linear(x, w, bias=None)` and
+    `gated_act` are the model's own; gpt-oss's experts add their biases and gate by
+    `clamped_swiglu`."""
     clamp = experts.clamp
     act = gated_act if clamp is None else lambda x: clamped_swiglu(x, clamp, experts.alpha)
     up_bias, down_bias = weights.gate_up_bias, weights.down_bias
@@ -182,7 +194,8 @@ def routed_mlp(
         down = None if down_bias is None else down_bias[expert]
         return linear(act(gate_up), weights.down[expert], down)
 
-    logits = linear(h.to(weights.router.dtype), weights.router, weights.router_bias)
+    routed = h if router_input is None else router_input
+    logits = linear(routed.to(weights.router.dtype), weights.router, weights.router_bias)
     mixed = mix_experts(h, weights, experts, run, logits)
     if weights.shared_gate_up is None or weights.shared_down is None:
         return mixed
@@ -191,6 +204,26 @@ def routed_mlp(
         gate = linear(h.to(weights.shared_gate.dtype), weights.shared_gate)
         shared = shared * gate.sigmoid().to(shared.dtype)
     return mixed + shared
+
+
+def experts_beside_mlp(
+    x: torch.Tensor,
+    mlp_out: torch.Tensor,
+    weights: ExpertWeights,
+    experts: ExpertLayers,
+    linear: Callable[..., torch.Tensor],
+    gated_act: Callable[[torch.Tensor], torch.Tensor],
+    ran: Callable[[int], None],
+    rms_norm: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+) -> torch.Tensor:
+    """Gemma 4's feed-forward output [rows, hidden] (before the layer's last norm): the dense
+    MLP's output normed, plus the experts' normed, the experts and the router both reading the
+    residual `x` (each through its own norm)."""
+    assert weights.branch_norms is not None and weights.router_scale is not None
+    before, after_mlp, after_experts = weights.branch_norms
+    router_input = rms_norm(x, weights.router_scale)
+    routed = routed_mlp(rms_norm(x, before), weights, experts, linear, gated_act, ran, router_input)
+    return rms_norm(mlp_out, after_mlp) + rms_norm(routed, after_experts)
 
 
 def linear_bytes(w: Linear) -> int:

@@ -1,18 +1,14 @@
-"""The Llama family's forward over a flat batch, with every K/V read and written via the pool.
+"""The one forward of every decoder family, over a flat batch, with every K/V read and written
+via the pool.
 
-Qwen3, Gemma 3 and SmolLM3 are deltas on this one forward, each a field of ModelConfig: per-head
-q/k norms before rotary, norms on attention's and the MLP's outputs (Gemma's sandwich), GeGLU,
-a scaled embedding, a query scale, sliding-window layers with their own rotary base, and layers
-without rotary (SmolLM3's NoPE). A layer's attention is described by its `LayerKind`. LFM2 is a
-hybrid: its convolution layers replace attention by a gated short convolution whose window of
-past inputs lives in the state pool (short_conv.py), addressed by the plan's `state_slots`;
-only its attention layers hold K/V (the pool's layer `kv_index[layer]`). Qwen3.5 is a hybrid
-too: its linear-attention layers run gated DeltaNet (delta_net.py), whose convolution window
-and state matrix live in the state pool; its attention layers gate their output by a sigmoid
-of a second query projection. Granite 4.0-H's Mamba2 layers (mamba2.py) keep theirs there too,
-and its branches and logits are scaled (`residual_multiplier`, `logits_scaling`). Qwen3-MoE
-and OLMoE route each token to k experts in place of the MLP (experts.py); OLMoE normalizes
-the whole q and k projections rather than each head.
+Each family is deltas on it, each a field of ModelConfig: per-head q/k norms before rotary (OLMoE
+norms the whole projections), Gemma's sandwich norms and GeGLU, scaled embeddings, queries and
+branches, sliding windows with their own rotary base, layers without rotary, gpt-oss's sinks. A
+hybrid's recurrent layers (LFM2's short convolution, Qwen3.5's gated DeltaNet, Granite 4.0-H's
+Mamba2: recurrent_mixer.py) keep their state in the state pool, addressed by the plan's
+`state_slots`; only attention layers that write K/V hold a pool layer (`kv_index`), described
+by their `LayerKind`. A mixture of experts runs in place of the MLP, or (Gemma 4) beside it
+(experts.py); Gemma 4 adds per-layer inputs and layer scalars (per_layer_embedding.py).
 
 One forward takes either a DecodePlan (one token per row; the step that is bucketed and
 recorded) or a PrefillPlan (chunks of prompts, and decode rows as chunks of one token). Each
@@ -34,17 +30,19 @@ import torch.nn.functional as F
 
 from nanoserve.core import DecodePlan, PrefillPlan, StepFootprint, last_tokens
 from nanoserve.core.kv_cache_dtype import KvCacheDtype, check_kv_form
-from nanoserve.runtime.loading.checkpoint import (
-    Checkpoint,
-    expected_tensor_shapes,
-)
+from nanoserve.runtime.loading.checkpoint import Checkpoint, expected_tensor_shapes
 from nanoserve.runtime.loading.gguf_blocks import GgufBlocks
 from nanoserve.runtime.loading.model_config import ModelConfig
 from nanoserve.runtime.model.batch_invariance import attention_dtype, invariance, tiled_linear
 from nanoserve.runtime.model.device import resolve_device
 from nanoserve.runtime.model.embedding import QuantEmbedding
 from nanoserve.runtime.model.expert_arena import expert_arena
-from nanoserve.runtime.model.experts import ExpertUsage, ExpertWeights, routed_mlp
+from nanoserve.runtime.model.experts import (
+    ExpertUsage,
+    ExpertWeights,
+    experts_beside_mlp,
+    routed_mlp,
+)
 from nanoserve.runtime.model.int8_weight import Int8Weight
 from nanoserve.runtime.model.kv_pool import CacheRows
 from nanoserve.runtime.model.layer_kind import kv_pool_layers, layer_kinds, state_tensors
@@ -238,28 +236,28 @@ class LlamaModel:
             return tiled_linear(x, w, b)
         return F.linear(x, w, b)
 
-    def _experts(self, h: torch.Tensor, weights: ExpertWeights, layer: int) -> torch.Tensor:
-        """A routed layer's output: [tokens, hidden] (experts.py)."""
+    def _experts(
+        self, h: torch.Tensor, weights: ExpertWeights, layer: int, mlp: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """A routed layer's output: [tokens, hidden] (experts.py); with the dense `mlp`'s
+        output, Gemma 4's two branches on the residual `h`."""
         assert self.config.experts is not None and self.expert_usage is not None
         usage, routed = self.expert_usage, self.routed_index[layer]
-        return routed_mlp(
-            h, weights, self.config.experts, self._linear, self.ops.gated_act,
-            lambda expert: usage.ran(routed, expert),
-        )  # fmt: skip
+        args = (weights, self.config.experts, self._linear, self.ops.gated_act,
+                lambda expert: usage.ran(routed, expert))  # fmt: skip
+        if mlp is not None:
+            return experts_beside_mlp(h, mlp, *args, self.ops.rms_norm)
+        return routed_mlp(h, *args)
 
     def _projection_norms(
         self, qkv: torch.Tensor, norms: tuple[torch.Tensor, torch.Tensor]
     ) -> torch.Tensor:
         """OLMoE's RMSNorms over the whole q and the whole k projection (v untouched)."""
         q, kv = self.config.q_size, self.config.kv_size
-        return torch.cat(
-            (
-                self.ops.rms_norm(qkv[:, :q], norms[0]).to(qkv.dtype),
-                self.ops.rms_norm(qkv[:, q : q + kv], norms[1]).to(qkv.dtype),
-                qkv[:, q + kv :],
-            ),
-            dim=1,
-        )
+        spans = ((0, q), (q, q + kv))
+        normed = [self.ops.rms_norm(qkv[:, a:b], n).to(qkv.dtype)
+                  for (a, b), n in zip(spans, norms, strict=True)]  # fmt: skip
+        return torch.cat((*normed, qkv[:, q + kv :]), dim=1)
 
     # -- forward --------------------------------------------------------------------------
 
@@ -368,12 +366,14 @@ class LlamaModel:
             if cfg.residual_multiplier != 1.0:
                 attn = attn * cfg.residual_multiplier
             h = ops.add_rms_norm(x, attn, layer.post_norm)
-            if layer.experts is not None:  # a mixture of experts in place of the MLP
+            if layer.experts is not None and layer.gate_up is None:  # experts for the MLP
                 down = self._experts(h, layer.experts, index)
             else:
                 assert layer.gate_up is not None and layer.down is not None
                 gate_up = self._linear(h, layer.gate_up)  # [tokens, 2 * intermediate]
                 down = self._linear(ops.gated_act(gate_up), layer.down)  # [tokens, hidden]
+                if layer.experts is not None:  # Gemma 4: experts beside it, on the residual
+                    down = self._experts(x, layer.experts, index, mlp=down)
             if layer.mlp_out_norm is not None:
                 down = ops.rms_norm(down, layer.mlp_out_norm)
             if cfg.residual_multiplier != 1.0:

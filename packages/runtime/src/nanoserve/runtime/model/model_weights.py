@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from nanoserve.runtime.errors import WeightsError
-from nanoserve.runtime.loading.checkpoint import layer_norm_names
+from nanoserve.runtime.loading.checkpoint import EXPERT_BRANCH_NORMS, layer_norm_names
 from nanoserve.runtime.loading.gguf_blocks import GgufBlocks
 from nanoserve.runtime.loading.model_config import ModelConfig
 from nanoserve.runtime.model.delta_net import DeltaNetWeights
@@ -192,8 +192,9 @@ def assemble_weights(
             }
         return None
 
-    def mlp(i: int) -> dict[str, Any]:
-        """Layer i's MLP as LayerWeights fields: its two linears, or a router and experts."""
+    def mlp(i: int, norms: dict[str, torch.Tensor]) -> dict[str, Any]:
+        """Layer i's MLP as LayerWeights fields: its two linears, or a router and experts (or,
+        Gemma 4, both)."""
         p = f"model.layers.{i}.mlp."
         parts = ["gate_up"] if config.fused_mlp else ["gate", "up"]  # the checkpoint's MLP form
         if config.experts is not None and i in config.experts.layers:
@@ -232,7 +233,23 @@ def assemble_weights(
                     if config.experts.shared_gate
                     else None,
                 )
-            return {"gate_up": None, "down": None, "experts": experts}
+            if not config.experts.beside_mlp:
+                return {"gate_up": None, "down": None, "experts": experts}
+            # Gemma 4: the router's input scale (hidden^-0.5 folded in), each expert's weight
+            # scale, the branches' norms; and the dense MLP beside them, below
+            hidden = config.hidden_size**-0.5
+            scale = dense(source(f"{p}router_scale"), torch.float32, device) * hidden
+            experts = replace(
+                experts,
+                router_scale=scale.to(small_dtype),
+                expert_scale=take(f"{p}expert_scale", torch.float32),
+                branch_norms=tuple(norms[n] for n in EXPERT_BRANCH_NORMS),  # type: ignore[arg-type]
+            )
+            return {
+                "gate_up": linear(*(f"{p}{n}_proj.weight" for n in parts)),
+                "down": linear(f"{p}down_proj.weight"),
+                "experts": experts,
+            }
         return {
             "gate_up": linear(*(f"{p}{n}_proj.weight" for n in parts)),
             "down": linear(f"{p}down_proj.weight"),
@@ -246,7 +263,7 @@ def assemble_weights(
             layers.append(
                 LayerWeights(
                     **mixer,
-                    **mlp(i),
+                    **mlp(i, norms),
                     input_norm=norms["input_layernorm"],
                     post_norm=norms["post_attention_layernorm"],
                 )
@@ -291,7 +308,7 @@ def assemble_weights(
                 sinks=take(f"{p}self_attn.sinks", torch.float32)
                 if config.attention_sinks
                 else None,
-                **mlp(i),
+                **mlp(i, norms),
                 input_norm=norms["input_layernorm"],
                 post_norm=norms.get("pre_feedforward_layernorm", norms["post_attention_layernorm"]),
                 qk_norms=qk_norms,
