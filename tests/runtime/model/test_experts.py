@@ -225,6 +225,6 @@ def test_gemma4_experts_beside_the_mlp_match_float64() -> None:
             * (down[e].to(d) @ geglu(gate_up[e].to(d) @ h))
             for e in top
         )  # fmt: skip
-        want[row] += rms(routed, post2)  # type: ignore[arg-type]
+        want[row] += rms(routed, post2)
     assert torch.allclose(got.to(d), want, rtol=1e-5, atol=1e-5)
     assert set(ran) <= set(range(num)) and ran

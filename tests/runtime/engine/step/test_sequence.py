@@ -7,6 +7,7 @@ Tokens of "hello world, the quick" in the tiny BPE: he(259) llo(272) ' w'(269) o
 from __future__ import annotations
 
 import pytest
+import torch
 
 from nanoserve.core import BlockTable
 from nanoserve.runtime.engine.requests.sampling_params import SamplingParams
@@ -250,3 +251,25 @@ def test_tokens_reads_positions_across_prompt_and_output(make_seq) -> None:
     assert seq.tokens(2, 4) == (7, HE)
     assert seq.tokens(4, 5) == (LLO,)  # a decode step's one token: the last sampled
     assert seq.tokens(3, 3) == ()
+
+
+def test_special_tokens_are_dropped_unless_the_request_keeps_them(
+    tiny_llama_checkpoint: Checkpoint,
+) -> None:
+    """An answer whose format marks are special tokens (gpt-oss's harmony, Gemma 4's channels)
+    asks for them in its text; any other drops them, as the peers do. Id 1 is <|im_start|>."""
+    from nanoserve.runtime.engine.step.sequence import request_sequences
+
+    tokenizer = tiny_llama_checkpoint.tokenizer
+    texts = []
+    for skip in (True, False):
+        params = SamplingParams(max_tokens=3, skip_special_tokens=skip)
+        [seq] = request_sequences(
+            "r", [5], params, block_size=4, tokenizer=tokenizer, eos_token_ids=frozenset({EOS}),
+            seq_ids=iter(range(1)), device=torch.device("cpu"),
+        )  # fmt: skip
+        for token in (HE, 1, LLO):
+            seq.append(token, None, None)
+        texts.append(seq.text)
+    assert tokenizer.id_to_token(1) == "<|im_start|>" and 1 in tokenizer.special_token_ids()
+    assert texts == ["hello", "he<|im_start|>llo"]

@@ -10,6 +10,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from nanoserve.api.chat.gemma4_format import speaks_gemma4
 from nanoserve.api.chat.prompt import ChatPrompt, render_chat_prompt
 from nanoserve.api.chat.reasoning import OFF, ReasoningPlan
 from nanoserve.api.chat.schemas import ChatRequest, CompletionRequest, _SamplingFields
@@ -145,14 +146,19 @@ def translate_chat(request: ChatRequest, engine: EngineClient) -> ChatInputs:
         default_max=engine.default_max_tokens(len(prompt_ids)),
         grammar=grammar or tool_grammar,
     )
+    reasoning = ReasoningPlan.of(
+        engine.template_thinks, prompt.text, constrained=params.grammar is not None
+    )
+    if tools.choice == "auto" and speaks_gemma4(prompt.text):  # its own call format
+        tools = dataclasses.replace(tools, wire="gemma4")
+    if reasoning.keeps_marks or tools.wire != "hermes":  # marks that are special tokens
+        params = dataclasses.replace(params, skip_special_tokens=False)
     return ChatInputs(
         prompt=prompt,
         params=params,
         include_usage=_include_usage(request),
         tools=tools,
-        reasoning=ReasoningPlan.of(
-            engine.template_thinks, prompt.text, constrained=params.grammar is not None
-        ),
+        reasoning=reasoning,
     )
 
 

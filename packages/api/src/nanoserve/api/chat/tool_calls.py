@@ -11,6 +11,10 @@ call is `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` on a line of 
   lets the model choose, and calls are parsed from what it writes; "required" and a named
   function constrain the output to calls whose arguments match the functions' parameter
   schemas, so they always parse.
+
+A model with a wire format of its own is read in it where its prompt asks for it: Gemma 4's
+`<|tool_call>call:NAME{…}<tool_call|>` (gemma4_format.py; `ToolPlan.wire`). The grammar of
+"required" and a named function stays Hermes', and so does the parse of what it constrains.
 """
 
 from __future__ import annotations
@@ -18,10 +22,11 @@ from __future__ import annotations
 import json
 import re
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from nanoserve.api.chat import gemma4_format
 from nanoserve.api.chat.schemas import (
     FunctionCall,
     FunctionCallDelta,
@@ -53,6 +58,7 @@ class ToolPlan:
     choice: str  # "none" | "auto" | "required" | "function"
     function: str | None  # the named function, for choice "function"
     parallel: bool  # "required" may answer with several calls (only when asked for)
+    wire: str = "hermes"  # how the answer writes its calls: a key of WIRES
 
     @property
     def parses(self) -> bool:
@@ -228,14 +234,34 @@ def parse_call(body: str, names: set[str]) -> FunctionCall | None:
     return FunctionCall(name=value["name"], arguments=json.dumps(arguments, ensure_ascii=False))
 
 
+@dataclass(frozen=True, slots=True)
+class WireFormat:
+    """How an answer writes its calls: each between `open` and `close`, its body read by
+    `parse` (None: not one of the request's functions, so it stays text)."""
+
+    open: str
+    close: str
+    parse: Callable[[str, set[str]], FunctionCall | None]
+
+    def pattern(self) -> re.Pattern[str]:
+        return re.compile(re.escape(self.open) + r"\s*(.*?)\s*" + re.escape(self.close), re.DOTALL)
+
+
+WIRES = {
+    "hermes": WireFormat(OPEN, CLOSE, parse_call),
+    "gemma4": WireFormat(*gemma4_format.CALL, gemma4_format.parse_gemma4_call),
+}
+
+
 def parse_tool_calls(text: str, plan: ToolPlan) -> tuple[str | None, list[ToolCall]]:
     """(the text outside the calls, or None when only calls remain; the calls)."""
     names = {t.function.name for t in plan.tools}
+    wire = WIRES[plan.wire]
     calls: list[ToolCall] = []
     kept: list[str] = []
     at = 0
-    for match in _CALL.finditer(text):
-        call = parse_call(match.group(1), names)
+    for match in (_CALL if plan.wire == "hermes" else wire.pattern()).finditer(text):
+        call = wire.parse(match.group(1), names)
         if call is None:
             continue  # not ours: it stays in the content
         kept.append(text[at : match.start()])
@@ -253,12 +279,13 @@ def parse_tool_calls(text: str, plan: ToolPlan) -> tuple[str | None, list[ToolCa
 class ToolCallStream:
     """Streamed text -> content pieces and tool-call deltas, for one choice.
 
-    Text that may be the start of `<tool_call>` is held back until it is known not to be; a
+    Text that may be the start of a call (`<tool_call>`, or its wire's mark) is held back until it is known not to be; a
     call's text is held until its `</tool_call>`, then sent as two deltas in OpenAI's shape: one
     naming the call (index, id, type, name, empty arguments), one with its arguments."""
 
     def __init__(self, plan: ToolPlan) -> None:
         self._names = {t.function.name for t in plan.tools}
+        self._wire = WIRES[plan.wire]
         self._buffer = ""
         self.num_calls = 0
         self._after_call = False  # the newline that separates calls is not content
@@ -285,14 +312,15 @@ class ToolCallStream:
             self._after_call = not self._buffer
         content: list[str] = []
         deltas: list[ToolCallDelta] = []
+        opening, closing = self._wire.open, self._wire.close
         while self._buffer:
-            start = self._buffer.find(OPEN)
+            start = self._buffer.find(opening)
             if start < 0:
-                keep = 0 if final else _partial_open(self._buffer)
+                keep = 0 if final else _partial_open(self._buffer, opening)
                 content.append(self._buffer[: len(self._buffer) - keep])
                 self._buffer = self._buffer[len(self._buffer) - keep :]
                 break
-            end = self._buffer.find(CLOSE, start)
+            end = self._buffer.find(closing, start)
             if end < 0:
                 if final:
                     content.append(self._buffer)
@@ -301,8 +329,8 @@ class ToolCallStream:
                     content.append(self._buffer[:start])
                     self._buffer = self._buffer[start:]
                 break
-            call = parse_call(self._buffer[start + len(OPEN) : end].strip(), self._names)
-            stop = end + len(CLOSE)
+            call = self._wire.parse(self._buffer[start + len(opening) : end].strip(), self._names)
+            stop = end + len(closing)
             if call is None:
                 content.append(self._buffer[:stop])
             else:
@@ -342,9 +370,9 @@ def call_deltas(index: int, call: FunctionCall) -> list[ToolCallDelta]:
     ]
 
 
-def _partial_open(text: str) -> int:
-    """Length of the longest suffix of text that is a proper prefix of `<tool_call>`."""
-    for size in range(min(len(OPEN) - 1, len(text)), 0, -1):
-        if text.endswith(OPEN[:size]):
+def _partial_open(text: str, opening: str = OPEN) -> int:
+    """Length of the longest suffix of text that is a proper prefix of `opening`."""
+    for size in range(min(len(opening) - 1, len(text)), 0, -1):
+        if text.endswith(opening[:size]):
             return size
     return 0

@@ -31,6 +31,9 @@ class SamplingParams:
     stop: Sequence[str] = ()  # a list or tuple of strings, never one bare string
     stop_token_ids: Sequence[int] = ()
     ignore_eos: bool = False
+    # decode the answer without its special tokens (False: a format whose marks are special
+    # tokens, gpt-oss's harmony and Gemma 4's channels, is read from the text)
+    skip_special_tokens: bool = True
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0

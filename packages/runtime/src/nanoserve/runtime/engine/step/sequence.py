@@ -232,7 +232,9 @@ def request_sequences(
                 prompt_ids=list(prompt_ids),
                 params=params,
                 block_table=BlockTable(block_size),
-                detokenizer=IncrementalDetokenizer(tokenizer, skip_special_tokens=True),
+                detokenizer=IncrementalDetokenizer(
+                    tokenizer, skip_special_tokens=params.skip_special_tokens
+                ),
                 eos_token_ids=eos_token_ids,
                 generator=generator,
                 grammar=grammar() if grammar is not None else None,
