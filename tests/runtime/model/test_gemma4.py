@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import torch
 
-from nanoserve.runtime.errors import UnsupportedModelError
+from nanoserve.runtime.errors import ConfigError
 from nanoserve.runtime.loading.checkpoint import load_checkpoint
 from nanoserve.runtime.loading.model_config import ModelConfig
 from nanoserve.runtime.loading.per_layer_inputs import PerLayerInputs
@@ -127,11 +127,37 @@ def test_the_checkpoint_with_its_towers_serves_its_text(gemma4_dir: Path, tmp_pa
     assert greedy(engine_of(out), [PROMPT])[0] == expected
 
 
-def test_the_experts_block_is_refused_in_one_line(gemma4_dir: Path) -> None:
+def test_an_experts_block_without_its_counts_is_refused_in_one_line(gemma4_dir: Path) -> None:
     text = json.loads((gemma4_dir / "config.json").read_text())
-    moe = {**text, "enable_moe_block": True, "num_experts": 4, "top_k_experts": 2}
-    with pytest.raises(UnsupportedModelError, match="enable_moe_block"):
+    moe = {**text, "enable_moe_block": True, "num_experts": 4, "moe_intermediate_size": 32}
+    with pytest.raises(ConfigError, match="experts_per_token=None must be a positive integer"):
         ModelConfig.from_hf(moe)
+
+
+def test_the_26b_a4b_checkpoint_with_its_towers_serves_its_text(
+    tmp_path: Path, make_tiny_model_dir: Callable[..., Path]
+) -> None:
+    """The experts block as the released checkpoint stores it, under the towers' prefix
+    (`model.language_model.layers.N.experts.gate_up_proj`, `router.proj`, `router.scale`,
+    `router.per_expert_scale`): read as the text-only checkpoint is, and served the same."""
+    from safetensors.torch import load_file, save_file
+
+    moe_dir = make_tiny_model_dir(tmp_path, arch="gemma4_moe")
+    text = json.loads((moe_dir / "config.json").read_text())
+    out = tmp_path / "gemma4-26b-a4b-it"
+    out.mkdir()
+    (out / "config.json").write_text(json.dumps({"model_type": "gemma4", "text_config": text}))
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (out / name).write_text((moe_dir / name).read_text())
+    tensors = load_file(moe_dir / "model.safetensors")
+    assert "model.layers.0.experts.gate_up_proj" in tensors
+    save_file({n.replace("model.", "model.language_model.", 1): t for n, t in tensors.items()},
+              out / "model.safetensors")  # fmt: skip
+    config = load_checkpoint(out).config
+    assert config == load_checkpoint(moe_dir).config
+    assert config.experts is not None and config.experts.beside_mlp
+    expected, _ = greedy(engine_of(moe_dir), [PROMPT])
+    assert greedy(engine_of(out), [PROMPT])[0] == expected
 
 
 def test_k_and_v_a_sharing_layer_still_stores_are_left_unread(
