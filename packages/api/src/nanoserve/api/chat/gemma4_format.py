@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from typing import Any
 
 from nanoserve.api.chat.schemas import FunctionCall
@@ -84,12 +85,25 @@ def _value(text: str, at: int) -> tuple[Any, int]:
         return word, end
 
 
+def _items(text: str, at: int, close: str, item: Callable[[int], int]) -> int:
+    """The items of an object or list from `at` to its `close`, each read by `item` (which
+    returns where it ended), comma-separated: where the close ends."""
+    at = _skip(text, at)
+    if text.startswith(close, at):
+        return at + 1
+    while True:
+        at = _skip(text, item(at))
+        if text.startswith(close, at):
+            return at + 1
+        if not text.startswith(",", at):
+            raise ValueError(f"expected , or {close} at {at}")
+        at += 1
+
+
 def _object(text: str, at: int) -> tuple[dict[str, Any], int]:
     out: dict[str, Any] = {}
-    at = _skip(text, at)
-    if text.startswith("}", at):
-        return out, at + 1
-    while True:
+
+    def member(at: int) -> int:
         at = _skip(text, at)
         if text.startswith(QUOTE, at):  # a key may be written as a string too
             key, at = _value(text, at)
@@ -100,26 +114,18 @@ def _object(text: str, at: int) -> tuple[dict[str, Any], int]:
             key = text[at:colon].strip().strip('"')
         if colon < 0 or not key:
             raise ValueError(f"no key at {at}")
-        out[key], at = _value(text, colon + 1)
-        at = _skip(text, at)
-        if text.startswith("}", at):
-            return out, at + 1
-        if not text.startswith(",", at):
-            raise ValueError(f"expected , or }} at {at}")
-        at += 1
+        out[key], end = _value(text, colon + 1)
+        return end
+
+    return out, _items(text, at, "}", member)
 
 
 def _list(text: str, at: int) -> tuple[list[Any], int]:
     out: list[Any] = []
-    at = _skip(text, at)
-    if text.startswith("]", at):
-        return out, at + 1
-    while True:
-        item, at = _value(text, at)
-        out.append(item)
-        at = _skip(text, at)
-        if text.startswith("]", at):
-            return out, at + 1
-        if not text.startswith(",", at):
-            raise ValueError(f"expected , or ] at {at}")
-        at += 1
+
+    def element(at: int) -> int:
+        value, end = _value(text, at)
+        out.append(value)
+        return end
+
+    return out, _items(text, at, "]", element)

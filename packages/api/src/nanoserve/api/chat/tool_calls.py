@@ -38,7 +38,6 @@ from nanoserve.api.server.errors import APIError
 from nanoserve.runtime import JSON_OPTIONS, GrammarSpec, bounded_schema
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
-_CALL = re.compile(re.escape(OPEN) + r"\s*(.*?)\s*" + re.escape(CLOSE), re.DOTALL)
 _NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 
 DEFAULT_TOOL_PROMPT = (
@@ -242,14 +241,19 @@ class WireFormat:
     open: str
     close: str
     parse: Callable[[str, set[str]], FunctionCall | None]
+    pattern: re.Pattern[str]  # a whole call, its body the group
 
-    def pattern(self) -> re.Pattern[str]:
-        return re.compile(re.escape(self.open) + r"\s*(.*?)\s*" + re.escape(self.close), re.DOTALL)
+    @classmethod
+    def of(
+        cls, open: str, close: str, parse: Callable[[str, set[str]], FunctionCall | None]
+    ) -> WireFormat:
+        body = re.escape(open) + r"\s*(.*?)\s*" + re.escape(close)
+        return cls(open, close, parse, re.compile(body, re.DOTALL))
 
 
 WIRES = {
-    "hermes": WireFormat(OPEN, CLOSE, parse_call),
-    "gemma4": WireFormat(*gemma4_format.CALL, gemma4_format.parse_gemma4_call),
+    "hermes": WireFormat.of(OPEN, CLOSE, parse_call),
+    "gemma4": WireFormat.of(*gemma4_format.CALL, gemma4_format.parse_gemma4_call),
 }
 
 
@@ -260,7 +264,7 @@ def parse_tool_calls(text: str, plan: ToolPlan) -> tuple[str | None, list[ToolCa
     calls: list[ToolCall] = []
     kept: list[str] = []
     at = 0
-    for match in (_CALL if plan.wire == "hermes" else wire.pattern()).finditer(text):
+    for match in wire.pattern.finditer(text):
         call = wire.parse(match.group(1), names)
         if call is None:
             continue  # not ours: it stays in the content

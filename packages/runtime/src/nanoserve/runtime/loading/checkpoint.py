@@ -20,6 +20,7 @@ import torch
 from nanoserve.core.pooling import PoolingMethod
 from nanoserve.runtime.errors import WeightsError
 from nanoserve.runtime.loading.encoder_names import HEAD_NAMES, encoder_tensor_shapes
+from nanoserve.runtime.loading.expert_layers import EXPERT_BRANCH_NORMS
 from nanoserve.runtime.loading.gguf_blocks import GgufBlocks
 from nanoserve.runtime.loading.hf_dir import HfDir
 from nanoserve.runtime.loading.model_config import ModelConfig
@@ -334,14 +335,6 @@ def gemma4_attention_shapes(config: ModelConfig, i: int) -> dict[str, tuple[int,
         shapes[f"{attn}.k_norm.weight"] = (dim,)
     shapes[f"{attn}.o_proj.weight"] = (hidden, q)
     return shapes
-
-
-# Gemma 4's experts block: the norm before the experts, and the two over each branch's output
-EXPERT_BRANCH_NORMS = (
-    "pre_feedforward_layernorm_2",
-    "post_feedforward_layernorm_1",
-    "post_feedforward_layernorm_2",
-)
 
 
 def layer_norm_names(config: ModelConfig) -> tuple[str, ...]:

@@ -46,6 +46,14 @@ Scoring = Literal["softmax", "sigmoid", "topk_softmax"]
 SCORINGS: tuple[Scoring, ...] = ("softmax", "sigmoid", "topk_softmax")
 
 
+# Gemma 4's experts block: the norm before the experts, and the two over each branch's output
+EXPERT_BRANCH_NORMS = (
+    "pre_feedforward_layernorm_2",
+    "post_feedforward_layernorm_1",
+    "post_feedforward_layernorm_2",
+)
+
+
 @dataclass(frozen=True, slots=True)
 class ExpertLayers:
     """The layers that route to experts, and the experts' shape and routing."""

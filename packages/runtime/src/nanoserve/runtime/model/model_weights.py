@@ -17,7 +17,8 @@ from typing import Any
 import torch
 
 from nanoserve.runtime.errors import WeightsError
-from nanoserve.runtime.loading.checkpoint import EXPERT_BRANCH_NORMS, layer_norm_names
+from nanoserve.runtime.loading.checkpoint import layer_norm_names
+from nanoserve.runtime.loading.expert_layers import EXPERT_BRANCH_NORMS
 from nanoserve.runtime.loading.gguf_blocks import GgufBlocks
 from nanoserve.runtime.loading.model_config import ModelConfig
 from nanoserve.runtime.model.delta_net import DeltaNetWeights
