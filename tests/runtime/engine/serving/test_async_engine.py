@@ -363,3 +363,44 @@ def test_a_client_that_never_reads_is_aborted_and_its_blocks_freed(make_tiny_eng
     assert len(items) == 6 and isinstance(items[-1], StreamBehindError)
     assert "fell more than 5 tokens behind" in str(items[-1])
     assert sum(len(d.token_ids) for d in items[:-1] if isinstance(d, Delta)) < 60
+
+
+def test_shutdown_ends_a_loop_that_swallowed_its_cancel(make_tiny_engine, monkeypatch) -> None:
+    """Python 3.11's wait_for returns the step's result, dropping a cancel that arrives as the
+    step completes; the loop then stepped on and waited for work forever, and the shutdown with
+    it (a server that did not exit after SIGTERM). Here every step swallows cancels that way,
+    and the engine holds a request no stream waits for, so the shutdown meets a step in flight."""
+    engine = make_tiny_engine()
+    real_wait_for = asyncio.wait_for
+    swallowed: list[bool] = []
+
+    async def swallowing_wait_for(future: Awaitable[T], timeout: float | None) -> T:
+        inner = asyncio.ensure_future(future)
+        try:
+            return await real_wait_for(asyncio.shield(inner), timeout)
+        except asyncio.CancelledError:
+            swallowed.append(True)
+            return await inner  # the step ran on: its result, and the cancel is lost
+
+    monkeypatch.setattr(
+        "nanoserve.runtime.engine.serving.async_engine.asyncio.wait_for", swallowing_wait_for
+    )
+    forward = engine.model.forward
+
+    def slow_forward(*args, **kwargs):
+        threading.Event().wait(0.05)  # 100 tokens: 5 s
+        return forward(*args, **kwargs)
+
+    engine.model.forward = slow_forward
+    engine.add_request("unwatched", PROMPTS[7], greedy(100))
+
+    async def main() -> float:
+        served = AsyncEngine(engine)
+        await served.start()
+        await asyncio.sleep(0.3)  # a few steps in
+        started = time.monotonic()
+        await asyncio.wait_for(served.shutdown(grace_seconds=0.0), timeout=20)
+        return time.monotonic() - started
+
+    assert asyncio.run(main()) < 1.0  # one step's return, not the request's 5 s (or forever)
+    assert engine.num_steps < 20

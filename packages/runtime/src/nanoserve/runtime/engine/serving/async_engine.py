@@ -14,7 +14,6 @@ This class is the whole surface the server uses: `name`, `max_model_len`, `token
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections import deque
@@ -38,6 +37,7 @@ from nanoserve.runtime.structured.grammar_spec import GrammarSpec
 from nanoserve.runtime.text.tokenizer import Tokenizer
 
 log = logging.getLogger("nanoserve.async_engine")
+LAST_STEP_SECONDS = 10.0  # a stop waits this long for the step in flight to return
 DEFAULT_MAX_BEHIND = 4096  # deltas (about tokens) per sample: ~40 s of a 100 tok/s stream
 
 
@@ -107,6 +107,7 @@ class AsyncEngine:
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
         self._closing = False
+        self._stopped = False  # the loop returns at its next turn
         self.observer: Callable[[RequestTimes], None] | None = None
         # Every step on one thread: each thread that enters OpenMP gets a team of its own, and
         # two teams spinning on two cores (asyncio.to_thread's pool alternates threads) made a
@@ -140,11 +141,22 @@ class AsyncEngine:
         while self._streams and time.monotonic() < deadline:
             await asyncio.sleep(0.02)
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._task
+            await self._end_loop(self._task)
         self._step_thread.shutdown(wait=False)
         self.engine.destroy()  # the loop is stopped: no step reads the recordings any more
+
+    async def _end_loop(self, task: asyncio.Task[None]) -> None:
+        """The loop returns at its next turn, after the step in flight (if any) has returned.
+        A cancel alone is not enough: Python 3.11's wait_for swallows a cancel that arrives as
+        the awaited step completes, and the loop would then wait for work forever."""
+        self._stopped = True
+        self._poke()
+        await asyncio.wait({task}, timeout=LAST_STEP_SECONDS)
+        if not task.done():  # the step thread is stuck: stop waiting for it
+            task.cancel()
+            await asyncio.wait({task}, timeout=1.0)
+        if task.done() and not task.cancelled() and task.exception() is not None:
+            log.error("the engine loop ended with %r", task.exception())
 
     def attach_kv_events(self, sink: Callable[[list[KVEvent]], object]) -> None:
         """Before start(): each step's KV-cache events go to sink, on the step thread."""
@@ -281,7 +293,7 @@ class AsyncEngine:
 
     async def _loop(self) -> None:
         assert self._wake is not None
-        while True:
+        while not self._stopped:
             if not self._inbox and not self.engine.has_unfinished:
                 self._wake.clear()
                 await self._wake.wait()
