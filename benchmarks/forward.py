@@ -12,6 +12,8 @@ for the embedded model transformers (fp32, bf16) on the same dequantized weights
   fp32 exact (the dequantized weights in float32, torch) as the accuracy reference only;
 - prefill: one forward over a 512-token prompt (tok/s), like pp512;
 - decode: 128 greedy tokens after a 16-token prompt (tok/s), like tg128;
+- roofline: the decode limit the file's bytes allow at the read speed measured in this run,
+  and each engine's decode as a share of it (benchmarks/roofline.py);
 - accuracy: every form teacher-forced over a fixed ~320-token text against the fp32 exact
   form's logits: max and mean |logit difference| and top-1 agreement per position; and
   llama.cpp's own top-1 on the same positions (its server, greedy, one position a request
@@ -34,6 +36,7 @@ import torch
 from benchmarks.common import cpu_line, median_seconds, pin_threads, table, write_csv
 from benchmarks.models import BenchModel, served_models
 from benchmarks.peer import Peer, find_peer, llama_bench, teacher_forced_top1
+from benchmarks.roofline import Roofline, bandwidth_line, read_bandwidth, step_bytes
 from nanoserve.core import BlockTable, PrefillChunk, plan_kv_pool, plan_prefill
 from nanoserve.runtime.engine.config.engine_config import EngineConfig
 from nanoserve.runtime.engine.engine import Engine
@@ -225,10 +228,15 @@ def llamacpp_accuracy(
     }
 
 
+DECODE_CONTEXT = 16 + 128 // 2  # a tg128 token's mean position after the 16-token prompt
+
+
 def bench_model(
-    bench: BenchModel, args: argparse.Namespace, threads: int
+    bench: BenchModel, args: argparse.Namespace, threads: int, bandwidth_gbs: float
 ) -> tuple[list[dict[str, object]], list[dict[str, object]]]:
     path = bench.path
+    roofline = Roofline(bandwidth_gbs, step_bytes(path))
+    limit = roofline.limit(rows=1, context=DECODE_CONTEXT)
     checkpoint = load_checkpoint(path)
     embedded = bench.name == "smollm2-135m"
     peer = None if args.no_peer else find_peer(path)
@@ -270,6 +278,9 @@ def bench_model(
                     "llamacpp_tg128": peer_rates.get("tg128", nan),
                     "prefill_vs_llamacpp": prefill / peer_rates.get("pp512", nan),
                     "decode_vs_llamacpp": decode / peer_rates.get("tg128", nan),
+                    "decode_limit_tok_s": limit,
+                    "decode_share": decode / limit,
+                    "llamacpp_share": peer_rates.get("tg128", nan) / limit,
                     **(
                         {"hf_decode": hf_decode, "decode_vs_hf": decode / hf_decode}
                         if embedded
@@ -301,8 +312,10 @@ def main() -> None:
     args = parser.parse_args()
     threads = pin_threads()
     print(cpu_line())
+    bandwidth = read_bandwidth()
+    print(bandwidth_line(bandwidth, threads))
     for bench in served_models(args.models):
-        rows, accuracy_rows = bench_model(bench, args, threads)
+        rows, accuracy_rows = bench_model(bench, args, threads, bandwidth)
         title = f"forward: {bench.name}, {threads} threads, median of {args.repeats}"
         print(table(rows, title))
         print()

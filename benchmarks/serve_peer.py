@@ -12,7 +12,7 @@ default and `-kvu` (benchmarks/peer.py). Every level (benchmarks/serve.py) runs 
   stops, and the next starts; the order of the servers is reversed every round.
 
 Per model it prints the medians, each level's ratio against the better llama.cpp mode (both
-printed), each server's time to a 200 from /health after its process started (nanoserve's boot
+printed), each one's tok/s as a share of the memory roofline (benchmarks/roofline.py), each server's time to a 200 from /health after its process started (nanoserve's boot
 is cold: an empty timing cache, as a file's first boot finds it), and, after its first load,
 each one's RSS beside what it holds reserved (llama-server's K/V and compute buffers,
 zero-filled at start; nanoserve's pool, paged in as it is used).
@@ -30,6 +30,7 @@ from pathlib import Path
 
 from benchmarks.common import nan_last, table, write_csv
 from benchmarks.peer import CACHE_MODES, Peer, reserved_mib, start_llama_server
+from benchmarks.roofline import Roofline, bandwidth_line, read_bandwidth, step_bytes
 from benchmarks.serve import PEER_CONTEXT, kv_budget_for, level, short_note
 from benchmarks.servers import Server, bench_threads, nanoserve_reserved_mib, start_nanoserve
 
@@ -50,6 +51,8 @@ def side_by_side(args: argparse.Namespace, extra: list[str]) -> None:
     threads = pin_threads(bench_threads())
     print(cpu_line())
     print(f"threads: {threads} for every server (nanoserve --threads, llama-server -t/-tb)")
+    bandwidth = read_bandwidth()
+    print(bandwidth_line(bandwidth, threads))
     for bench in served_models(args.models):
         peer = find_peer(bench.path)
         if peer is None:
@@ -62,7 +65,8 @@ def side_by_side(args: argparse.Namespace, extra: list[str]) -> None:
         run = serve_in_turn if in_turn else serve_together
         results, memory = run(bench.path, peer, threads, args, extra)
         levels = [int(c) for c in args.levels.split(",")]
-        rows = ratio_rows(results, levels)
+        roofline = Roofline(bandwidth, step_bytes(bench.path))
+        rows = ratio_rows(results, levels, roofline, args.prompt_len + args.max_tokens // 2)
         title = (
             f"serve, side by side ({schedule}), {bench.name}: {args.prompt_len}-token prompts,"
             f" {args.max_tokens} output tokens, median of the valid rounds of {args.rounds};"
@@ -193,8 +197,12 @@ def median_of(runs: list[dict[str, object]]) -> dict[str, float]:
     return {key: statistics.median(float(r[key]) for r in runs) for key in METRICS}  # type: ignore[arg-type]
 
 
-def ratio_rows(results: Results, levels: list[int]) -> list[dict[str, object]]:
-    """Per level: each server's medians, and nanoserve's ratio to the better llama.cpp mode."""
+def ratio_rows(
+    results: Results, levels: list[int], roofline: Roofline, context: int
+) -> list[dict[str, object]]:
+    """Per level: each server's medians, nanoserve's ratio to the better llama.cpp mode, and
+    both as a share of the decode limit at `concurrency` rows of `context` positions (a
+    level's tok/s includes its prompts' time: the share is a floor)."""
     nan = float("nan")
     rows: list[dict[str, object]] = []
     for concurrency in levels:
@@ -220,6 +228,9 @@ def ratio_rows(results: Results, levels: list[int]) -> list[dict[str, object]]:
                 },
                 "best_peer": best.removeprefix("llama.cpp "),
                 "ratio": ours["output_tok_s"] / theirs["output_tok_s"],
+                "limit_tok_s": (limit := roofline.limit(concurrency, context)),
+                "nanoserve_share": ours["output_tok_s"] / limit,
+                "llamacpp_share": theirs["output_tok_s"] / limit,
                 "nanoserve_ttft_p50_s": ours["ttft_p50_s"],
                 "llamacpp_ttft_p50_s": theirs["ttft_p50_s"],
                 "nanoserve_itl_p50_ms": ours["itl_p50_ms"],

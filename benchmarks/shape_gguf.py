@@ -13,30 +13,19 @@ servers dequantize it to small numbers); norms are 1, DeltaNet's decay rate -1 a
 a few merges, then fillers up to the model's size: the benchmarks send token ids, and count
 tokens from `usage`.
 
-- `lfm2-1.2b-shape`: LFM2-1.2B (hidden 2048, 16 layers of which 6 attend (32 heads, 8 K/V
-  heads), the rest gated short convolutions of 3 taps; MLP 8192; vocabulary 65,536; tied);
-- `qwen3.5-0.8b-shape`: Qwen3.5-0.8B's text model (hidden 1024, 24 layers, every fourth
-  attending with an output gate (8 heads of 256, 2 K/V heads, rotary on 64 dims), the rest
-  gated DeltaNet with 16 key and 16 value heads of 128 and 4 taps; MLP 3584; vocabulary
-  248,320; tied);
-- `olmoe-1b-7b-shape`: OLMoE-1B-7B (hidden 2048, 16 layers of 16 heads of 128, q and k normed
-  whole; 64 experts of 1024 a layer, 8 a token, the router F32 as llama.cpp keeps it, the
-  experts stacked as `ffn_*_exps` in the same Q4_K/Q6_K mix; vocabulary 50,304; untied);
-- `gpt-oss-20b-shape`: gpt-oss-20b in the types of ggml-org's MXFP4 GGUF, not a Q4_K_M mix
-  (hidden 2880, 24 layers of 64 heads of 64 and 8 K/V heads, sliding (128) and full layers
-  alternating, sinks and biases; 32 experts of 2880 a layer, 4 a token, MXFP4 with F32 biases;
-  attention, embedding and output Q8_0; YaRN x32 over 4,096; vocabulary 201,088; untied).
+The shapes and what each stands for are in benchmarks/shapes.py.
 """
 
 from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from benchmarks.shapes import MIX, SHAPES, Shape
 
 # The fp16 fields of each block type (byte offsets in a block): scales that must be finite.
 FP16_FIELDS: dict[str, tuple[int, ...]] = {
@@ -82,106 +71,6 @@ def random_blocks(kind: str, rows: int, cols: int, seed: int, scale: float = 0.0
         blocks[..., at] = e.astype(np.uint8)
     return blocks.reshape(rows, -1)
 
-
-@dataclass(frozen=True, slots=True)
-class Shape:
-    """A model's geometry and how its GGUF states it."""
-
-    name: str
-    arch: str  # llama.cpp's architecture name
-    vocab: int
-    hidden: int
-    layers: int
-    attention: tuple[int, ...]  # the layers that attend
-    heads: int
-    kv_heads: int
-    head_dim: int
-    ffn: int
-    rope_theta: float
-    eps: float
-    metadata: dict[str, object] = field(default_factory=dict)  # "<arch>.<key>" -> value
-
-
-LFM2_1_2B = Shape(
-    name="lfm2-1.2b-shape",
-    arch="lfm2",
-    vocab=65536,
-    hidden=2048,
-    layers=16,
-    attention=(2, 5, 8, 10, 12, 14),
-    heads=32,
-    kv_heads=8,
-    head_dim=64,
-    ffn=8192,
-    rope_theta=1_000_000.0,
-    eps=1e-5,
-    metadata={"shortconv.l_cache": 3},
-)
-QWEN3_5_0_8B = Shape(
-    name="qwen3.5-0.8b-shape",
-    arch="qwen35",
-    vocab=248320,
-    hidden=1024,
-    layers=24,
-    attention=tuple(range(3, 24, 4)),
-    heads=8,
-    kv_heads=2,
-    head_dim=256,
-    ffn=3584,
-    rope_theta=10_000_000.0,
-    eps=1e-6,
-    metadata={
-        "ssm.conv_kernel": 4,
-        "ssm.state_size": 128,
-        "ssm.group_count": 16,
-        "ssm.time_step_rank": 16,
-        "ssm.inner_size": 2048,
-        "full_attention_interval": 4,
-        "rope.dimension_count": 64,
-        "rope.dimension_sections": [11, 11, 10, 0],
-    },
-)
-OLMOE_1B_7B = Shape(
-    name="olmoe-1b-7b-shape",
-    arch="olmoe",
-    vocab=50304,
-    hidden=2048,
-    layers=16,
-    attention=tuple(range(16)),
-    heads=16,
-    kv_heads=16,
-    head_dim=128,
-    ffn=1024,  # each expert's width (OLMoE has no dense MLP)
-    rope_theta=10000.0,
-    eps=1e-5,
-    metadata={"expert_count": 64, "expert_used_count": 8},
-)
-GPT_OSS_20B = Shape(
-    name="gpt-oss-20b-shape",
-    arch="gpt-oss",
-    vocab=201088,
-    hidden=2880,
-    layers=24,
-    attention=tuple(range(24)),
-    heads=64,
-    kv_heads=8,
-    head_dim=64,
-    ffn=2880,  # each expert's width (no dense MLP)
-    rope_theta=150000.0,
-    eps=1e-5,
-    metadata={
-        "expert_count": 32,
-        "expert_used_count": 4,
-        "expert_feed_forward_length": 2880,
-        "attention.sliding_window": 128,
-        "rope.scaling.type": "yarn",
-        "rope.scaling.factor": 32.0,
-        "rope.scaling.original_context_length": 4096,
-    },
-)
-SHAPES = {shape.name: shape for shape in (LFM2_1_2B, QWEN3_5_0_8B, OLMOE_1B_7B, GPT_OSS_20B)}
-# The block types each shape's file is written in, as its usual download has them.
-MIX = {"gpt-oss-20b-shape": "mxfp4"}
 
 Tensors = dict[str, tuple[tuple[int, ...], str]]  # GGUF name -> (HF-order shape, type)
 
@@ -230,6 +119,7 @@ def tensors_of(shape: Shape) -> Tensors:
         out["output.weight"] = ((s.vocab, h), "Q6_K")
     experts = int(s.metadata.get("expert_count", 0))  # type: ignore[call-overload]
     q_rows = s.heads * s.head_dim * (2 if s.arch == "qwen35" else 1)
+    out.update(rotary_tensors(s))
     for i in range(s.layers):
         b, wide = f"blk.{i}.", "Q6_K" if more_bits(i, s.layers) else "Q4_K"
         out[f"{b}attn_norm.weight"] = ((h,), "F32")
@@ -242,11 +132,16 @@ def tensors_of(shape: Shape) -> Tensors:
             out[f"{b}ffn_gate_exps.weight"] = ((experts, s.ffn, h), "Q4_K")
             out[f"{b}ffn_up_exps.weight"] = ((experts, s.ffn, h), "Q4_K")
             out[f"{b}ffn_down_exps.weight"] = ((experts, h, s.ffn), wide)
+        elif s.arch == "phi3":  # gate and up fused
+            out[f"{b}ffn_up.weight"] = ((2 * s.ffn, h), "Q4_K")
+            out[f"{b}ffn_down.weight"] = ((h, s.ffn), wide)
         else:
             out[f"{b}ffn_gate.weight"] = ((s.ffn, h), "Q4_K")
             out[f"{b}ffn_up.weight"] = ((s.ffn, h), "Q4_K")
             out[f"{b}ffn_down.weight"] = ((h, s.ffn), wide)
-        if i in s.attention:
+        if i in s.attention and s.arch in DENSE_ATTENTION:
+            out.update(dense_attention(s, b, wide))
+        elif i in s.attention:
             kv = s.kv_heads * s.head_dim
             out[f"{b}attn_q.weight"] = ((q_rows, h), "Q4_K")
             out[f"{b}attn_k.weight"] = ((kv, h), "Q4_K")
@@ -277,9 +172,41 @@ def tensors_of(shape: Shape) -> Tensors:
     return out
 
 
+DENSE_ATTENTION = ("llama", "qwen2", "phi3")  # no q/k norms; qwen2's biases, phi3's fused qkv
+
+
+def dense_attention(s: Shape, b: str, wide: str) -> Tensors:
+    """One attention layer of a dense llama-like file in llama.cpp's Q4_K_M mix."""
+    h, q, kv = s.hidden, s.heads * s.head_dim, s.kv_heads * s.head_dim
+    out: Tensors = {}
+    if s.arch == "phi3":  # llama.cpp's Q4_K_M gives a fused qkv Q5_K
+        out[f"{b}attn_qkv.weight"] = ((q + 2 * kv, h), "Q5_K")
+    else:
+        out[f"{b}attn_q.weight"] = ((q, h), "Q4_K")
+        out[f"{b}attn_k.weight"] = ((kv, h), "Q4_K")
+        out[f"{b}attn_v.weight"] = ((kv, h), wide)
+    if s.arch == "qwen2":
+        for name, rows in (("attn_q", q), ("attn_k", kv), ("attn_v", kv)):
+            out[f"{b}{name}.bias"] = ((rows,), "F32")
+    out[f"{b}attn_output.weight"] = ((h, q), "Q4_K")
+    return out
+
+
+def rotary_tensors(s: Shape) -> Tensors:
+    """The rotary factors llama.cpp's converter stores as tensors: Llama 3's `rope_freqs`,
+    Phi-3's longrope `rope_factors_long`/`_short` (one per turning pair)."""
+    pairs = int(s.metadata.get("rope.dimension_count", s.head_dim)) // 2  # type: ignore[call-overload]
+    if s.arch == "llama":
+        return {"rope_freqs.weight": ((pairs,), "F32")}
+    if s.arch == "phi3":
+        return {f"rope_factors_{kind}.weight": ((pairs,), "F32") for kind in ("long", "short")}
+    return {}
+
+
 def float_values(name: str, size: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
-    """An F32 tensor's values: norms 1, DeltaNet's decay rate -1 and dt bias 0, taps small."""
-    if name.endswith("norm.weight"):
+    """An F32 tensor's values: norms and rotary factors 1, DeltaNet's decay rate -1 and dt bias
+    0, taps small."""
+    if name.endswith("norm.weight") or name.startswith("rope_"):
         return np.ones(size, dtype=np.float32)
     if name.endswith("ssm_a"):
         return -np.ones(size, dtype=np.float32)

@@ -35,6 +35,7 @@ SOURCES = (
     "weight_ops.cpp",
     "weight_types.cpp",
     "recurrent_ops.cpp",
+    "memory_ops.cpp",
     "isa_avx512.cpp",
     "isa_avx2.cpp",
     "isa_portable.cpp",

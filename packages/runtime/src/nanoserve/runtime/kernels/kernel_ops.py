@@ -169,3 +169,9 @@ def argmax(x: torch.Tensor) -> torch.Tensor:
 def apply_token_bitmask(logits: torch.Tensor, bitmask: torch.Tensor, rows: torch.Tensor) -> None:
     """-inf, in place, where a row's bitmask word has a 0 bit (all-ones words skipped)."""
     _ops.apply_token_bitmask(logits, bitmask, rows)
+
+
+def read_bytes(buffer: torch.Tensor) -> int:
+    """One pass over buffer (contiguous uint8) on the kernels' threads: the 64-bit sum of its
+    whole 64-byte lines. The memory roofline times it (benchmarks/roofline.py)."""
+    return int(_ops.read_bytes(buffer))

@@ -5,7 +5,8 @@
 // VNNI, else AVX2 with FMA and F16C, else plain C++), as llama.cpp does. The tables compute the
 // same bits, so the choice changes speed only; `force_isa` lets tests compare them. The
 // weights' ops (the linears, packing, dequantizing) are in weight_ops.cpp, the recurrent
-// layers' steps in recurrent_ops.cpp; all are registered here.
+// layers' steps in recurrent_ops.cpp, the memory's read speed in memory_ops.cpp; all are
+// registered here.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -350,6 +351,7 @@ TORCH_LIBRARY(nanoserve, m) {
   m.def("ssm_step(Tensor(a!) state, Tensor slots, Tensor positions, Tensor u, Tensor b, "
         "Tensor c, Tensor decay) -> Tensor");
   m.def("apply_token_bitmask(Tensor(a!) logits, Tensor bitmask, Tensor rows) -> ()");
+  m.def("read_bytes(Tensor bytes) -> int");
   m.def("kernel_isa() -> str", nanoserve::kernel_isa);
   m.def("best_isa() -> str", nanoserve::best_isa);
   m.def("force_isa(str name) -> str", nanoserve::force_isa);
@@ -371,4 +373,5 @@ TORCH_LIBRARY_IMPL(nanoserve, CPU, m) {
   m.impl("conv_step", nanoserve::conv_step);
   m.impl("ssm_step", nanoserve::ssm_step);
   m.impl("apply_token_bitmask", nanoserve::apply_token_bitmask);
+  m.impl("read_bytes", nanoserve::read_bytes);
 }

@@ -59,4 +59,7 @@ at::Tensor ssm_step(at::Tensor state, const at::Tensor& slots, const at::Tensor&
                     const at::Tensor& u, const at::Tensor& b, const at::Tensor& c,
                     const at::Tensor& decay);
 
+// The memory's read speed (memory_ops.cpp).
+int64_t read_bytes(const at::Tensor& bytes);
+
 }  // namespace nanoserve
