@@ -1,7 +1,7 @@
 """Prefill and single-stream decode over the model set, beside llama.cpp (and transformers).
 
     python -m benchmarks.forward [--models smollm2-135m,qwen2.5-coder-0.5b] [--repeats 3]
-                                 [--no-reference] [--no-peer]
+                                 [--no-reference] [--no-peer] [--served-only]
 
 In one process and run, on this machine, per model of the set (benchmarks/models.py):
 nanoserve in each weight form, llama.cpp's `llama-bench` (pp512 / tg128) on the same GGUF, and
@@ -245,7 +245,7 @@ def bench_model(
         print(f"{bench.name}: llama.cpp backend {peer.backend} {peer.note}".rstrip())
 
     hf_rates: dict[torch.dtype, tuple[float, float]] = {}
-    if embedded and not args.no_reference:
+    if embedded and not args.no_reference and not args.served_only:
         import transformers
 
         transformers.logging.set_verbosity_error()
@@ -260,7 +260,10 @@ def bench_model(
     rows, accuracy_rows = [], []
     exact: torch.Tensor | None = None
     nan = float("nan")
-    for label, dtype, quantize, timed in EMBEDDED_FORMS if embedded else GGUF_FORMS:
+    forms = EMBEDDED_FORMS if embedded else GGUF_FORMS
+    if args.served_only:  # the served form's speed alone: no reference, no accuracy
+        forms = tuple(form for form in forms if form[2] == "gguf")
+    for label, dtype, quantize, timed in forms:
         model = LlamaModel.from_checkpoint(
             checkpoint, dtype=dtype, quantize=quantize, max_positions=1024
         )
@@ -288,6 +291,9 @@ def bench_model(
                     ),
                 }
             )
+        if args.served_only:
+            del model
+            continue
         # Positions 0 .. n-2 of each text: each predicts a token of the text (as llama.cpp's).
         logits = torch.cat([teacher_forced_logits(model, ids)[: len(ids) - 1] for ids in texts])
         if exact is None:
@@ -309,6 +315,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--no-reference", action="store_true", help="skip transformers")
     parser.add_argument("--no-peer", action="store_true", help="skip llama.cpp")
+    parser.add_argument(
+        "--served-only", action="store_true", help="time the served form only, no accuracy"
+    )
     args = parser.parse_args()
     threads = pin_threads()
     print(cpu_line())
@@ -319,12 +328,11 @@ def main() -> None:
         title = f"forward: {bench.name}, {threads} threads, median of {args.repeats}"
         print(table(rows, title))
         print()
-        print(table(accuracy_rows, f"{bench.name}: teacher-forced against float32 (exact) logits"))
-        print(
-            "wrote",
-            write_csv(f"forward_{bench.name}.csv", rows),
-            write_csv(f"forward_accuracy_{bench.name}.csv", accuracy_rows),
-        )
+        print("wrote", write_csv(f"forward_{bench.name}.csv", rows))
+        if accuracy_rows:
+            title = f"{bench.name}: teacher-forced against float32 (exact) logits"
+            print(table(accuracy_rows, title))
+            print("wrote", write_csv(f"forward_accuracy_{bench.name}.csv", accuracy_rows))
 
 
 if __name__ == "__main__":
