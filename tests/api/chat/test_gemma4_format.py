@@ -16,6 +16,7 @@ from nanoserve.api.chat.gemma4_format import arguments, parse_gemma4_call, speak
 from nanoserve.api.chat.reasoning import ReasoningPlan
 from nanoserve.api.chat.schemas import FunctionDefinition, Tool
 from nanoserve.api.chat.tool_calls import ToolCallStream, parse_tool_calls, plan_tools
+from tests.api.chat.answer_routes import on_responses_and_messages
 from tests.api.fake_engine import FakeEngine
 from tests.api.fake_server import fake_server, sse_chunks
 
@@ -144,23 +145,7 @@ async def test_the_chat_route_returns_reasoning_and_calls_decoded_with_marks() -
 
 @pytest.mark.anyio
 async def test_responses_and_messages_get_the_same_split() -> None:
-    from tests.api.messages.test_routes import messages_client
-    from tests.api.responses.test_routes import responses_client
-
-    async with responses_client(gemma4_engine(THINK + CALL)) as (oc, _):
-        response = await oc.responses.create(
-            model="fake-model",
-            input="Weather in Paris?",
-            tools=[{"type": "function", "name": "get_weather", "parameters": {}}],  # type: ignore[list-item]
-            max_output_tokens=500,
-        )
-    async with messages_client(gemma4_engine(THINK + CALL)) as (ac, _):
-        message = await ac.messages.create(
-            model="fake-model",
-            max_tokens=500,
-            messages=HI,  # type: ignore[arg-type]
-            tools=[{"name": "get_weather", "input_schema": {"type": "object"}}],
-        )
+    response, message = await on_responses_and_messages(lambda: gemma4_engine(THINK + CALL))
     reasoning, call = response.output
     assert reasoning.type == "reasoning" and reasoning.content is not None
     assert reasoning.content[0].text == "Need the weather tool."

@@ -115,6 +115,14 @@ def tokenizer() -> Tokenizer:
     return Tokenizer.from_gguf_metadata(metadata(), source="tiny-spm")
 
 
+def assert_llamacpps_round_trip(tokenizer: Tokenizer, text: str, expected: list[int]) -> list[int]:
+    """text encodes to llama.cpp's ids (`expected`) and decodes back to itself; the ids."""
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    assert ids == expected
+    assert tokenizer.decode(ids) == text
+    return ids
+
+
 @pytest.mark.parametrize(
     ("text", "pieces"),
     [
@@ -130,18 +138,14 @@ def tokenizer() -> Tokenizer:
     ],
 )
 def test_tiny_vocabulary_pieces(tokenizer: Tokenizer, text: str, pieces: list[str]) -> None:
-    ids = tokenizer.encode(text, add_special_tokens=False)
+    ids = assert_llamacpps_round_trip(tokenizer, text, llamacpp_spm(text, metadata()))
     assert [tokenizer.id_to_token(i) for i in ids] == pieces
-    assert ids == llamacpp_spm(text, metadata())
-    assert tokenizer.decode(ids) == text
 
 
 @settings(max_examples=300, deadline=None)
 @given(st.text(alphabet="abcdé ü\n", max_size=24))
 def test_the_bpe_is_llamacpps_algorithm(tokenizer: Tokenizer, text: str) -> None:
-    ids = tokenizer.encode(text, add_special_tokens=False)
-    assert ids == llamacpp_spm(text, metadata())
-    assert tokenizer.decode(ids) == text
+    assert_llamacpps_round_trip(tokenizer, text, llamacpp_spm(text, metadata()))
 
 
 def test_a_space_prefix_is_added_and_stripped_again() -> None:
@@ -245,18 +249,14 @@ def gemma4() -> Tokenizer:
     ],
 )
 def test_gemma4_vocabulary_pieces(gemma4: Tokenizer, text: str, pieces: list[str]) -> None:
-    ids = gemma4.encode(text, add_special_tokens=False)
+    ids = assert_llamacpps_round_trip(gemma4, text, llamacpp_gemma4(text, gemma4_metadata()))
     assert [gemma4.id_to_token(i) for i in ids] == pieces
-    assert ids == llamacpp_gemma4(text, gemma4_metadata())
-    assert gemma4.decode(ids) == text
 
 
 @settings(max_examples=300, deadline=None)
 @given(st.text(alphabet="abcdé ü\n", max_size=24))
 def test_gemma4_is_llamacpps_bpe(gemma4: Tokenizer, text: str) -> None:
-    ids = gemma4.encode(text, add_special_tokens=False)
-    assert ids == llamacpp_gemma4(text, gemma4_metadata())
-    assert gemma4.decode(ids) == text
+    assert_llamacpps_round_trip(gemma4, text, llamacpp_gemma4(text, gemma4_metadata()))
 
 
 def test_gemma4_begins_with_bos_and_ends_turns() -> None:
